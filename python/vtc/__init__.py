@@ -1,0 +1,37 @@
+"""vtc: the Virtual Token Counter fair scheduler for LLM serving.
+
+>>> import vtc
+>>> s = vtc.Scheduler(M=8192)
+>>> s.submit(1, "tenant-a", 100)
+>>> s.schedule()
+[1]
+
+The scheduler itself is in Rust (``vtc._core``); ``vtc.reference`` is a
+readable pure-Python twin used to test it, and ``vtc.sim`` simulates
+workloads on top of it.
+"""
+
+from vtc._core import MAX_TOKENS_PER_CALL, Scheduler, __version__
+from vtc.errors import (
+    CapacityError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    RequestStateError,
+    SchedulerError,
+    UnknownRequestError,
+)
+
+POLICIES = ("vtc", "lcf", "fcfs")
+
+__all__ = [
+    "MAX_TOKENS_PER_CALL",
+    "POLICIES",
+    "CapacityError",
+    "DuplicateRequestError",
+    "InvalidArgumentError",
+    "RequestStateError",
+    "Scheduler",
+    "SchedulerError",
+    "UnknownRequestError",
+    "__version__",
+]

@@ -1,0 +1,99 @@
+//! Per-client state: the virtual counter, the service actually delivered, the
+//! weight (with its inverse precomputed, as dmclock does), the FIFO of waiting
+//! requests, and the client's position in the backlog heap.
+
+use std::collections::VecDeque;
+
+use crate::heap::{Positions, NOT_IN_HEAP};
+
+/// Dense client handle issued by [`crate::Scheduler::add_client`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(pub u32);
+
+/// One waiting entry: a request slot and the submit sequence it had when it
+/// was queued. Cancelling a waiting request leaves its entry behind; an entry
+/// is live only while the slot still holds a waiting request with that `seq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueEntry {
+    pub slot: u32,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// Virtual counter: weighted service received plus lifts. Never decreases.
+    pub(crate) counter: f64,
+    /// Weighted service actually delivered (no lifts). Never decreases.
+    pub(crate) service: f64,
+    pub(crate) weight: f64,
+    /// `1 / weight`, so a charge is one multiplication.
+    pub(crate) inv_w: f64,
+    /// Waiting requests, oldest first; the front entry is always live while
+    /// `n_waiting > 0`.
+    pub(crate) queue: VecDeque<QueueEntry>,
+    /// Live entries in `queue`.
+    pub(crate) n_waiting: usize,
+    /// Requests of this client that are running.
+    pub(crate) n_running: usize,
+    /// Submit sequence of the head request (valid while backlogged).
+    pub(crate) head_seq: u64,
+    /// Position in the backlog heap, or `NOT_IN_HEAP`.
+    pub(crate) heap_pos: u32,
+    /// Scratch: tokens generated in the decode call being applied.
+    pub(crate) pending_tokens: u64,
+}
+
+impl Default for Client {
+    fn default() -> Self {
+        Client {
+            counter: 0.0,
+            service: 0.0,
+            weight: 1.0,
+            inv_w: 1.0,
+            queue: VecDeque::new(),
+            n_waiting: 0,
+            n_running: 0,
+            head_seq: 0,
+            heap_pos: NOT_IN_HEAP,
+            pending_tokens: 0,
+        }
+    }
+}
+
+impl Client {
+    #[inline]
+    pub fn counter(&self) -> f64 {
+        self.counter
+    }
+    #[inline]
+    pub fn service(&self) -> f64 {
+        self.service
+    }
+    #[inline]
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+    #[inline]
+    pub fn num_waiting(&self) -> usize {
+        self.n_waiting
+    }
+    #[inline]
+    pub fn num_running(&self) -> usize {
+        self.n_running
+    }
+    #[inline]
+    pub fn is_backlogged(&self) -> bool {
+        self.n_waiting > 0
+    }
+}
+
+impl Positions for [Client] {
+    #[inline(always)]
+    fn set_pos(&mut self, id: u32, pos: u32) {
+        self[id as usize].heap_pos = pos;
+    }
+    #[inline(always)]
+    fn pos(&self, id: u32) -> u32 {
+        self[id as usize].heap_pos
+    }
+}

@@ -1,0 +1,104 @@
+//! The one error type of the core. Every fallible operation validates its
+//! input completely before it mutates anything, so an `Err` always means the
+//! scheduler is exactly as it was before the call.
+
+use std::fmt;
+
+/// Which operation found a request in the wrong state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Finish,
+    Decode,
+    Preempt,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Finish => "finish",
+            Op::Decode => "decode",
+            Op::Preempt => "preempt",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CoreError {
+    /// `M` must be at least one token.
+    InvalidBudget(i64),
+    /// A token weight (`wp`, `wq`) must be finite and >= 0.
+    InvalidTokenWeight { name: &'static str, value: f64 },
+    /// A client weight must be finite and > 0.
+    InvalidWeight(f64),
+    /// `prompt_len` must be >= 1.
+    InvalidPrompt(i64),
+    /// A prompt larger than `M` could never be admitted.
+    PromptTooLong { prompt_len: u64, budget: u64 },
+    /// The policy name is not one of `vtc`, `lcf`, `fcfs`.
+    UnknownPolicy(String),
+    /// A request id that is already waiting or running.
+    DuplicateRequest(u64),
+    /// A request id that is neither waiting nor running.
+    UnknownRequest(u64),
+    /// A request in the wrong state for the operation (e.g. finishing a waiting one).
+    NotRunning { request_id: u64, op: Op },
+    /// The same request twice in one decode call.
+    DuplicateInBatch(u64),
+    /// `request_ids` and `tokens` of different lengths.
+    LengthMismatch { ids: usize, tokens: usize },
+    /// A negative token count.
+    NegativeTokens(i64),
+    /// More tokens for one request in one call than `MAX_TOKENS_PER_CALL`.
+    TooManyTokens(u64),
+    /// The oldest running request alone cannot grow within `M`.
+    Capacity { request_id: u64, tokens: u64, budget: u64 },
+    /// A client id the core never issued.
+    UnknownClient(u32),
+}
+
+impl fmt::Display for CoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use CoreError::*;
+        match self {
+            InvalidBudget(m) => write!(f, "M must be a positive number of tokens, got {m}"),
+            InvalidTokenWeight { name, value } => {
+                write!(f, "{name} must be a finite number >= 0, got {value}")
+            }
+            InvalidWeight(w) => write!(f, "weight must be a positive finite number, got {w}"),
+            InvalidPrompt(p) => write!(f, "prompt_len must be >= 1, got {p}"),
+            PromptTooLong { prompt_len, budget } => write!(
+                f,
+                "prompt_len {prompt_len} exceeds the KV budget M={budget}; it could never be admitted"
+            ),
+            UnknownPolicy(p) => {
+                write!(f, "unknown policy {p:?}; expected one of \"vtc\", \"lcf\", \"fcfs\"")
+            }
+            DuplicateRequest(r) => write!(f, "request {r} is already live"),
+            UnknownRequest(r) => write!(f, "unknown request {r}"),
+            NotRunning { request_id, op } => write!(
+                f,
+                "cannot {op} request {request_id}: it is waiting, not running"
+            ),
+            DuplicateInBatch(r) => write!(f, "request {r} appears twice in one decode call"),
+            LengthMismatch { ids, tokens } => write!(
+                f,
+                "request_ids and tokens differ in length: {ids} != {tokens}"
+            ),
+            NegativeTokens(t) => write!(f, "tokens must be >= 0, got {t}"),
+            TooManyTokens(t) => write!(
+                f,
+                "tokens {t} exceeds {} for one request in one decode call",
+                crate::scheduler::MAX_TOKENS_PER_CALL
+            ),
+            Capacity { request_id, tokens, budget } => write!(
+                f,
+                "request {request_id} holds {tokens} tokens and cannot grow within M={budget}; finish or cancel it"
+            ),
+            UnknownClient(c) => write!(f, "unknown client id {c}"),
+        }
+    }
+}
+
+impl std::error::Error for CoreError {}
+
+pub type Result<T> = std::result::Result<T, CoreError>;

@@ -1,0 +1,254 @@
+//! An indexed binary min-heap over backlogged clients.
+//!
+//! Each entry carries its key inline (`counter`, `head_seq`) so comparisons
+//! never chase a pointer, and each client record carries its own position in
+//! the heap (as in dmclock's `ClientRec::heap_data`), so a key change is an
+//! O(log C) `adjust` instead of a search. The heap never allocates once it has
+//! grown to the number of backlogged clients.
+
+/// Sentinel position of a client that is not in the heap.
+pub const NOT_IN_HEAP: u32 = u32::MAX;
+
+/// Where the heap writes back the position of each id it moves.
+pub trait Positions {
+    fn set_pos(&mut self, id: u32, pos: u32);
+    fn pos(&self, id: u32) -> u32;
+}
+
+/// The ordering key. Counters are always finite (they are sums of finite,
+/// non-negative charges), so the partial order on `f64` is total here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Key {
+    pub counter: f64,
+    pub seq: u64,
+}
+
+impl Key {
+    #[inline(always)]
+    pub fn less(&self, other: &Key) -> bool {
+        self.counter < other.counter || (self.counter == other.counter && self.seq < other.seq)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: Key,
+    id: u32,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct IndexedHeap {
+    entries: Vec<Entry>,
+}
+
+impl IndexedHeap {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The id and key with the least key.
+    #[inline]
+    pub fn top(&self) -> Option<(u32, Key)> {
+        self.entries.first().map(|e| (e.id, e.key))
+    }
+
+    /// The key of the entry at `pos` (which must be valid).
+    #[inline]
+    pub fn key_at(&self, pos: u32) -> Key {
+        self.entries[pos as usize].key
+    }
+
+    pub fn push<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &mut P) {
+        debug_assert_eq!(p.pos(id), NOT_IN_HEAP, "client {id} pushed twice");
+        let pos = self.entries.len();
+        self.entries.push(Entry { key, id });
+        p.set_pos(id, pos as u32);
+        self.sift_up(pos, p);
+    }
+
+    /// Remove `id`, wherever it is.
+    pub fn remove<P: Positions + ?Sized>(&mut self, id: u32, p: &mut P) {
+        let pos = p.pos(id) as usize;
+        debug_assert!(pos < self.entries.len() && self.entries[pos].id == id);
+        let last = self.entries.len() - 1;
+        self.entries.swap(pos, last);
+        self.entries.pop();
+        p.set_pos(id, NOT_IN_HEAP);
+        if pos < last {
+            p.set_pos(self.entries[pos].id, pos as u32);
+            self.adjust_at(pos, p);
+        }
+    }
+
+    /// Set a new key for `id` and restore the heap order.
+    #[inline]
+    pub fn update<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &mut P) {
+        let pos = p.pos(id) as usize;
+        debug_assert!(pos < self.entries.len() && self.entries[pos].id == id);
+        let old = self.entries[pos].key;
+        self.entries[pos].key = key;
+        if key.less(&old) {
+            self.sift_up(pos, p);
+        } else {
+            self.sift_down(pos, p);
+        }
+    }
+
+    fn adjust_at<P: Positions + ?Sized>(&mut self, pos: usize, p: &mut P) {
+        if pos > 0 && self.entries[pos].key.less(&self.entries[(pos - 1) / 2].key) {
+            self.sift_up(pos, p);
+        } else {
+            self.sift_down(pos, p);
+        }
+    }
+
+    fn sift_up<P: Positions + ?Sized>(&mut self, mut pos: usize, p: &mut P) {
+        let e = self.entries[pos];
+        while pos > 0 {
+            let parent = (pos - 1) / 2;
+            let pe = self.entries[parent];
+            if !e.key.less(&pe.key) {
+                break;
+            }
+            self.entries[pos] = pe;
+            p.set_pos(pe.id, pos as u32);
+            pos = parent;
+        }
+        self.entries[pos] = e;
+        p.set_pos(e.id, pos as u32);
+    }
+
+    fn sift_down<P: Positions + ?Sized>(&mut self, mut pos: usize, p: &mut P) {
+        let n = self.entries.len();
+        let e = self.entries[pos];
+        loop {
+            let l = 2 * pos + 1;
+            if l >= n {
+                break;
+            }
+            let r = l + 1;
+            let c = if r < n && self.entries[r].key.less(&self.entries[l].key) { r } else { l };
+            let ce = self.entries[c];
+            if !ce.key.less(&e.key) {
+                break;
+            }
+            self.entries[pos] = ce;
+            p.set_pos(ce.id, pos as u32);
+            pos = c;
+        }
+        self.entries[pos] = e;
+        p.set_pos(e.id, pos as u32);
+    }
+
+    /// Check the heap order and the position back-links (tests and fuzzing).
+    pub fn check<P: Positions + ?Sized>(&self, p: &P) -> std::result::Result<(), String> {
+        for (i, e) in self.entries.iter().enumerate() {
+            if p.pos(e.id) as usize != i {
+                return Err(format!("client {} at {i} records position {}", e.id, p.pos(e.id)));
+            }
+            if i > 0 && e.key.less(&self.entries[(i - 1) / 2].key) {
+                return Err(format!("heap order broken at {i}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Positions for Vec<u32> {
+        fn set_pos(&mut self, id: u32, pos: u32) {
+            self[id as usize] = pos;
+        }
+        fn pos(&self, id: u32) -> u32 {
+            self[id as usize]
+        }
+    }
+
+    /// A tiny deterministic generator so the tests need no dependency.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+    }
+
+    fn key(c: u64, s: u64) -> Key {
+        Key { counter: c as f64, seq: s }
+    }
+
+    #[test]
+    fn pops_in_key_order_with_seq_tiebreak() {
+        let mut pos = vec![NOT_IN_HEAP; 4];
+        let mut h = IndexedHeap::new();
+        h.push(0, key(5, 1), &mut pos);
+        h.push(1, key(3, 9), &mut pos);
+        h.push(2, key(3, 2), &mut pos);
+        h.push(3, key(7, 0), &mut pos);
+        let mut order = vec![];
+        while let Some((id, _)) = h.top() {
+            order.push(id);
+            h.remove(id, &mut pos);
+            h.check(&pos).unwrap();
+        }
+        assert_eq!(order, vec![2, 1, 0, 3]);
+        assert!(pos.iter().all(|&p| p == NOT_IN_HEAP));
+    }
+
+    #[test]
+    fn random_updates_and_removals_keep_order_and_positions() {
+        let n = 200u32;
+        let mut pos = vec![NOT_IN_HEAP; n as usize];
+        let mut keys: Vec<Option<Key>> = vec![None; n as usize];
+        let mut h = IndexedHeap::new();
+        let mut rng = Lcg(7);
+        for step in 0..20_000u64 {
+            let id = (rng.next() % n as u64) as u32;
+            match (rng.next() % 3, keys[id as usize]) {
+                (0, None) | (1, None) => {
+                    let k = key(rng.next() % 50, step);
+                    h.push(id, k, &mut pos);
+                    keys[id as usize] = Some(k);
+                }
+                (0, Some(_)) | (1, Some(_)) => {
+                    let k = key(rng.next() % 50, step);
+                    h.update(id, k, &mut pos);
+                    keys[id as usize] = Some(k);
+                }
+                (_, Some(_)) => {
+                    h.remove(id, &mut pos);
+                    keys[id as usize] = None;
+                }
+                (_, None) => {}
+            }
+            if step % 97 == 0 {
+                h.check(&pos).unwrap();
+            }
+            // The top is always the least live key.
+            let best = keys
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| k.map(|k| (i as u32, k)))
+                .fold(None::<(u32, Key)>, |acc, (i, k)| match acc {
+                    Some((_, bk)) if !k.less(&bk) => acc,
+                    _ => Some((i, k)),
+                });
+            assert_eq!(h.top().map(|t| t.1), best.map(|b| b.1));
+            assert_eq!(h.len(), keys.iter().filter(|k| k.is_some()).count());
+        }
+        h.check(&pos).unwrap();
+    }
+}

@@ -1,0 +1,781 @@
+//! The Virtual Token Counter scheduler.
+//!
+//! Data path (see `shared/design.md`):
+//!
+//! ```text
+//! submit   -> place_entity (the lift) -> client FIFO; client joins the heap if it was idle
+//! schedule -> least-key backlogged client -> fits in M? no: stop (no skipping)
+//!                                                   yes: charge prefill, run it, re-key client
+//! decode   -> update_curr: charge each client for its tokens, grow occupancy, re-key
+//! finish   -> release prompt + generated tokens from occupancy
+//! ```
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::str::FromStr;
+
+use crate::client::{Client, ClientId, QueueEntry};
+use crate::error::{CoreError, Op, Result};
+use crate::heap::{IndexedHeap, Key, NOT_IN_HEAP};
+
+/// Largest token count accepted for one request in one decode call. Keeps
+/// every sum of tokens far from `u64` overflow and exact in an `f64`.
+pub const MAX_TOKENS_PER_CALL: u64 = u32::MAX as u64;
+
+/// Which request goes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Least counter first, with the lift.
+    Vtc,
+    /// Least counter first without the lift (idle time can be banked).
+    Lcf,
+    /// Global submit order.
+    Fcfs,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Vtc => "vtc",
+            Policy::Lcf => "lcf",
+            Policy::Fcfs => "fcfs",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "vtc" => Ok(Policy::Vtc),
+            "lcf" => Ok(Policy::Lcf),
+            "fcfs" => Ok(Policy::Fcfs),
+            other => Err(CoreError::UnknownPolicy(other.to_string())),
+        }
+    }
+}
+
+/// Where a live request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestState {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    Waiting,
+    Running,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    rid: u64,
+    client: u32,
+    prompt: u64,
+    generated: u64,
+    /// Global submit order; the tie-break between equal counters.
+    seq: u64,
+    /// Global admission order; running requests are kept sorted by it.
+    admit_seq: u64,
+    /// Last decode call that touched this request (duplicate detection).
+    decode_epoch: u64,
+    state: Slot,
+    prefill_paid: bool,
+}
+
+impl Request {
+    /// KV tokens this request holds while running.
+    #[inline(always)]
+    fn footprint(&self) -> u64 {
+        self.prompt + self.generated
+    }
+}
+
+/// Multiplicative hashing for request ids (engine-chosen integers, not
+/// attacker-controlled keys).
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        // fold the high bits down so that the table index (low bits) depends on all of them
+        let x = (n ^ (n >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 29);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// Token counts for [`Scheduler::decode`].
+#[derive(Debug, Clone, Copy)]
+pub enum Tokens<'a> {
+    /// The same count for every request.
+    Each(i64),
+    /// One count per request id.
+    PerRequest(&'a [i64]),
+}
+
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    budget: u64,
+    wp: f64,
+    wq: f64,
+    policy: Policy,
+    clients: Vec<Client>,
+    heap: IndexedHeap,
+    requests: Vec<Request>,
+    free_slots: Vec<u32>,
+    index: IdMap<u32>,
+    /// Running request slots in admission order.
+    running: Vec<u32>,
+    occupancy: u64,
+    num_waiting: usize,
+    seq: u64,
+    admit_seq: u64,
+    decode_epoch: u64,
+    last_left: Option<u32>,
+    /// Scratch list of clients touched by a decode call (kept to avoid allocating).
+    touched: Vec<u32>,
+}
+
+impl Scheduler {
+    /// A scheduler with KV budget `budget` tokens, prompt weight `wp`, decode
+    /// weight `wq` and the given policy.
+    pub fn new(budget: i64, wp: f64, wq: f64, policy: Policy) -> Result<Self> {
+        if budget <= 0 {
+            return Err(CoreError::InvalidBudget(budget));
+        }
+        for (name, value) in [("wp", wp), ("wq", wq)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(CoreError::InvalidTokenWeight { name, value });
+            }
+        }
+        Ok(Scheduler {
+            budget: budget as u64,
+            wp,
+            wq,
+            policy,
+            clients: Vec::new(),
+            heap: IndexedHeap::new(),
+            requests: Vec::new(),
+            free_slots: Vec::new(),
+            index: IdMap::default(),
+            running: Vec::new(),
+            occupancy: 0,
+            num_waiting: 0,
+            seq: 0,
+            admit_seq: 0,
+            decode_epoch: 0,
+            last_left: None,
+            touched: Vec::new(),
+        })
+    }
+
+    // ---------------------------------------------------------------- views
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+    pub fn wp(&self) -> f64 {
+        self.wp
+    }
+    pub fn wq(&self) -> f64 {
+        self.wq
+    }
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    /// KV tokens held by running requests (prompt + generated).
+    pub fn occupancy(&self) -> u64 {
+        self.occupancy
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.num_waiting
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_clients(&self) -> usize {
+        self.clients.len()
+    }
+    /// Clients with waiting requests.
+    pub fn num_backlogged(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn client(&self, c: ClientId) -> Result<&Client> {
+        self.clients.get(c.0 as usize).ok_or(CoreError::UnknownClient(c.0))
+    }
+
+    pub fn counter(&self, c: ClientId) -> Result<f64> {
+        self.client(c).map(|c| c.counter)
+    }
+
+    pub fn service(&self, c: ClientId) -> Result<f64> {
+        self.client(c).map(|c| c.service)
+    }
+
+    pub fn status(&self, rid: u64) -> Option<RequestState> {
+        self.index.get(&rid).map(|&s| match self.requests[s as usize].state {
+            Slot::Waiting => RequestState::Waiting,
+            Slot::Running => RequestState::Running,
+            Slot::Free => unreachable!("indexed request {rid} in a free slot"),
+        })
+    }
+
+    /// Running request ids, oldest admission first.
+    pub fn running(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        self.running.iter().map(|&s| self.requests[s as usize].rid)
+    }
+
+    /// Tokens generated so far by a live request.
+    pub fn generated(&self, rid: u64) -> Result<u64> {
+        let s = self.slot_of(rid)?;
+        Ok(self.requests[s as usize].generated)
+    }
+
+    // -------------------------------------------------------- configuration
+
+    /// A new client with counter 0 and weight 1.
+    pub fn add_client(&mut self) -> ClientId {
+        let id = u32::try_from(self.clients.len()).expect("more than 2^32 clients");
+        assert!(id != NOT_IN_HEAP, "client id space exhausted");
+        self.clients.push(Client::default());
+        ClientId(id)
+    }
+
+    /// Weighted VTC: every later charge to `c` is divided by `weight`.
+    pub fn set_weight(&mut self, c: ClientId, weight: f64) -> Result<()> {
+        if !(weight.is_finite() && weight > 0.0) {
+            return Err(CoreError::InvalidWeight(weight));
+        }
+        let cl = self.clients.get_mut(c.0 as usize).ok_or(CoreError::UnknownClient(c.0))?;
+        cl.weight = weight;
+        cl.inv_w = 1.0 / weight;
+        Ok(())
+    }
+
+    // --------------------------------------------------------------- policy
+
+    #[inline(always)]
+    fn key_of(&self, c: u32) -> Key {
+        let cl = &self.clients[c as usize];
+        Key {
+            counter: if self.policy == Policy::Fcfs { 0.0 } else { cl.counter },
+            seq: cl.head_seq,
+        }
+    }
+
+    /// Restore `c`'s heap position after its counter or head changed.
+    #[inline(always)]
+    fn adjust(&mut self, c: u32) {
+        if self.clients[c as usize].heap_pos != NOT_IN_HEAP {
+            let key = self.key_of(c);
+            self.heap.update(c, key, &mut self.clients[..]);
+        }
+    }
+
+    /// update_curr: charge `amount` of weighted service to client `c`.
+    ///
+    /// Both the counter and the delivered service grow by the same amount;
+    /// `amount` is `(w * tokens) * inv_w >= 0`, so counters never decrease.
+    /// The caller re-keys the client (`adjust`) once it is done charging.
+    #[inline(always)]
+    fn update_curr(&mut self, c: u32, weighted_tokens: f64) {
+        let cl = &mut self.clients[c as usize];
+        let amount = weighted_tokens * cl.inv_w;
+        cl.counter += amount;
+        cl.service += amount;
+    }
+
+    /*
+     * place_entity: the lift applied to a client entering the backlog.
+     *
+     * Let B be the set of backlogged clients (those with waiting requests)
+     * and c_i their counters. A client k that submits while it has nothing
+     * waiting is placed at
+     *
+     *     c_k := max(c_k, min_{i in B} c_i)          if B is non-empty
+     *     c_k := max(c_k, c_l)                       otherwise, l = last client to leave B
+     *
+     * Invariant: a client never gains service by having been idle. While k
+     * was out of B, every backlogged client kept being charged; had k kept
+     * its stale counter it would now hold a credit it never contended for,
+     * and least-counter-first would hand it the whole machine until the
+     * credit ran out. Lifting to the *minimum* of B puts k at the front of
+     * the active pack (not behind it), and `max` means k is never placed
+     * backwards: a client that was over-served keeps its debt. Together with
+     * admission from the least counter, this keeps any two clients that are
+     * backlogged over [t1, t2] within
+     *
+     *     |W_f(t1,t2) - W_g(t1,t2)| <= 2 * max(wp * L_input, wq * M)
+     *
+     * (Sheng et al., OSDI '24, Theorem 4.4), independently of t2 - t1.
+     */
+    fn place_entity(&mut self, k: u32) {
+        let floor = if let Some((_, key)) = self.heap.top() {
+            // The heap is keyed by (counter, seq) under vtc: its top holds the least counter.
+            key.counter
+        } else if let Some(l) = self.last_left {
+            self.clients[l as usize].counter
+        } else {
+            return;
+        };
+        let cl = &mut self.clients[k as usize];
+        if floor > cl.counter {
+            cl.counter = floor;
+        }
+    }
+
+    // ------------------------------------------------------------- requests
+
+    fn slot_of(&self, rid: u64) -> Result<u32> {
+        self.index.get(&rid).copied().ok_or(CoreError::UnknownRequest(rid))
+    }
+
+    fn running_slot(&self, rid: u64, op: Op) -> Result<u32> {
+        let s = self.slot_of(rid)?;
+        if self.requests[s as usize].state != Slot::Running {
+            return Err(CoreError::NotRunning { request_id: rid, op });
+        }
+        Ok(s)
+    }
+
+    fn alloc_slot(&mut self, req: Request) -> u32 {
+        if let Some(s) = self.free_slots.pop() {
+            self.requests[s as usize] = req;
+            s
+        } else {
+            self.requests.push(req);
+            (self.requests.len() - 1) as u32
+        }
+    }
+
+    fn free_slot(&mut self, s: u32) {
+        let r = &mut self.requests[s as usize];
+        r.state = Slot::Free;
+        let rid = r.rid;
+        self.index.remove(&rid);
+        self.free_slots.push(s);
+    }
+
+    #[inline]
+    fn entry_live(&self, e: &QueueEntry) -> bool {
+        let r = &self.requests[e.slot as usize];
+        r.state == Slot::Waiting && r.seq == e.seq
+    }
+
+    /// Drop dead (cancelled) entries from the front of `c`'s queue and record
+    /// the new head's seq. Only called while `c` has a live waiting request.
+    fn clean_front(&mut self, c: u32) {
+        loop {
+            let front = *self.clients[c as usize].queue.front().expect("backlogged client has a queue");
+            if self.entry_live(&front) {
+                self.clients[c as usize].head_seq = front.seq;
+                return;
+            }
+            self.clients[c as usize].queue.pop_front();
+        }
+    }
+
+    /// `c` has just lost its last waiting request.
+    fn leave_backlog(&mut self, c: u32) {
+        self.heap.remove(c, &mut self.clients[..]);
+        let cl = &mut self.clients[c as usize];
+        cl.queue.clear();
+        if cl.queue.capacity() > 64 {
+            cl.queue.shrink_to(8);
+        }
+        self.last_left = Some(c);
+    }
+
+    /// The checks `submit` makes on a request id and prompt length, without
+    /// submitting (lets a caller validate before creating a client).
+    pub fn check_submit(&self, rid: u64, prompt_len: i64) -> Result<()> {
+        if prompt_len <= 0 {
+            return Err(CoreError::InvalidPrompt(prompt_len));
+        }
+        if prompt_len as u64 > self.budget {
+            return Err(CoreError::PromptTooLong { prompt_len: prompt_len as u64, budget: self.budget });
+        }
+        if self.index.contains_key(&rid) {
+            return Err(CoreError::DuplicateRequest(rid));
+        }
+        Ok(())
+    }
+
+    /// Queue a new request `rid` from client `c` with a prompt of `prompt_len` tokens.
+    pub fn submit(&mut self, rid: u64, c: ClientId, prompt_len: i64) -> Result<()> {
+        self.check_submit(rid, prompt_len)?;
+        let prompt = prompt_len as u64;
+        let k = c.0;
+        if k as usize >= self.clients.len() {
+            return Err(CoreError::UnknownClient(k));
+        }
+        // validated: from here on nothing fails
+        let was_idle = self.clients[k as usize].n_waiting == 0;
+        if was_idle && self.policy == Policy::Vtc {
+            self.place_entity(k);
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        let slot = self.alloc_slot(Request {
+            rid,
+            client: k,
+            prompt,
+            generated: 0,
+            seq,
+            admit_seq: 0,
+            decode_epoch: 0,
+            state: Slot::Waiting,
+            prefill_paid: false,
+        });
+        self.index.insert(rid, slot);
+        let cl = &mut self.clients[k as usize];
+        cl.queue.push_back(QueueEntry { slot, seq });
+        cl.n_waiting += 1;
+        self.num_waiting += 1;
+        if was_idle {
+            cl.head_seq = seq;
+            let key = self.key_of(k);
+            self.heap.push(k, key, &mut self.clients[..]);
+        }
+        Ok(())
+    }
+
+    /// The slot of the request the policy would admit next.
+    #[inline]
+    fn next_slot(&self) -> Option<u32> {
+        let (c, _) = self.heap.top()?;
+        let front = self.clients[c as usize].queue.front()?;
+        Some(front.slot)
+    }
+
+    /// Admit the head request of the least-key client, without a KV check.
+    fn admit_next(&mut self) -> Option<u64> {
+        let (c, _) = self.heap.top()?;
+        let entry = self.clients[c as usize].queue.pop_front().expect("backlogged client has a queue");
+        debug_assert!(self.entry_live(&entry));
+        self.admit_seq += 1;
+        let admit_seq = self.admit_seq;
+        let wp = self.wp;
+        let r = &mut self.requests[entry.slot as usize];
+        r.state = Slot::Running;
+        r.admit_seq = admit_seq;
+        let rid = r.rid;
+        let fp = r.footprint();
+        // A preempted request that comes back already paid for its prompt.
+        let charge = if r.prefill_paid { None } else { Some(wp * r.prompt as f64) };
+        r.prefill_paid = true;
+        self.occupancy += fp;
+        self.running.push(entry.slot);
+        self.num_waiting -= 1;
+        if let Some(w) = charge {
+            self.update_curr(c, w);
+        }
+        let cl = &mut self.clients[c as usize];
+        cl.n_waiting -= 1;
+        cl.n_running += 1;
+        if cl.n_waiting == 0 {
+            self.leave_backlog(c);
+        } else {
+            self.clean_front(c);
+            self.adjust(c);
+        }
+        Some(rid)
+    }
+
+    /// Fill the batch: admit from the least-served backlogged client until
+    /// the next request does not fit in `M` (no skipping). Appends the
+    /// admitted ids, in admission order, to `out` and returns how many.
+    pub fn schedule(&mut self, out: &mut Vec<u64>) -> usize {
+        let start = out.len();
+        while let Some(s) = self.next_slot() {
+            if self.occupancy + self.requests[s as usize].footprint() > self.budget {
+                break;
+            }
+            out.push(self.admit_next().expect("next_slot was Some"));
+        }
+        out.len() - start
+    }
+
+    /// The request the policy would admit next, if any.
+    pub fn peek(&self) -> Option<u64> {
+        self.next_slot().map(|s| self.requests[s as usize].rid)
+    }
+
+    /// Engine mode: admit the request [`peek`](Self::peek) names, without the
+    /// KV check (the engine does its own memory accounting).
+    pub fn pop(&mut self) -> Option<u64> {
+        self.admit_next()
+    }
+
+    /// Charge every client its `pending_tokens` and re-key it.
+    fn charge_touched(&mut self) {
+        let wq = self.wq;
+        let touched = std::mem::take(&mut self.touched);
+        for &c in &touched {
+            let cl = &mut self.clients[c as usize];
+            let t = std::mem::take(&mut cl.pending_tokens);
+            self.update_curr(c, wq * t as f64);
+            if self.policy != Policy::Fcfs {
+                self.adjust(c);
+            }
+        }
+        self.touched = touched;
+        self.touched.clear();
+    }
+
+    #[inline(always)]
+    fn add_pending(&mut self, c: u32, tokens: u64) {
+        let cl = &mut self.clients[c as usize];
+        if cl.pending_tokens == 0 {
+            self.touched.push(c);
+        }
+        cl.pending_tokens += tokens;
+    }
+
+    /// One engine iteration: every running request generates one token.
+    ///
+    /// If the grown batch would not fit in `M`, the most recently admitted
+    /// requests are preempted first (their ids are appended to `preempted`,
+    /// latest first). Fails with [`CoreError::Capacity`], changing nothing,
+    /// when even the oldest running request alone cannot grow.
+    pub fn decode_step(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
+        let n = self.running.len();
+        let mut keep = n;
+        let mut occ = self.occupancy;
+        while keep > 0 && occ + keep as u64 > self.budget {
+            if keep == 1 {
+                let r = &self.requests[self.running[0] as usize];
+                return Err(CoreError::Capacity {
+                    request_id: r.rid,
+                    tokens: r.footprint(),
+                    budget: self.budget,
+                });
+            }
+            keep -= 1;
+            occ -= self.requests[self.running[keep] as usize].footprint();
+        }
+        while self.running.len() > keep {
+            let s = *self.running.last().expect("len > keep");
+            preempted.push(self.requests[s as usize].rid);
+            self.preempt_slot(s);
+        }
+        for i in 0..keep {
+            let s = self.running[i];
+            let r = &mut self.requests[s as usize];
+            r.generated += 1;
+            let c = r.client;
+            self.add_pending(c, 1);
+        }
+        self.occupancy += keep as u64;
+        self.charge_touched();
+        Ok(())
+    }
+
+    /// Engine form: record that request `rids[i]` generated `tokens[i]`
+    /// tokens (or `Each(t)` for all). The engine owns memory here: no
+    /// capacity check is made. All-or-nothing: any bad id or count fails the
+    /// whole call before anything is charged.
+    pub fn decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
+        if let Tokens::PerRequest(t) = tokens {
+            if t.len() != rids.len() {
+                return Err(CoreError::LengthMismatch { ids: rids.len(), tokens: t.len() });
+            }
+        }
+        self.decode_epoch += 1;
+        let epoch = self.decode_epoch;
+        let count = |i: usize| match tokens {
+            Tokens::Each(t) => t,
+            Tokens::PerRequest(ts) => ts[i],
+        };
+        // validate everything first
+        for (i, &rid) in rids.iter().enumerate() {
+            let s = self.running_slot(rid, Op::Decode)?;
+            let r = &mut self.requests[s as usize];
+            if r.decode_epoch == epoch {
+                return Err(CoreError::DuplicateInBatch(rid));
+            }
+            r.decode_epoch = epoch;
+            let t = count(i);
+            if t < 0 {
+                return Err(CoreError::NegativeTokens(t));
+            }
+            if t as u64 > MAX_TOKENS_PER_CALL {
+                return Err(CoreError::TooManyTokens(t as u64));
+            }
+        }
+        let mut total = 0u64;
+        for (i, &rid) in rids.iter().enumerate() {
+            let s = self.index[&rid];
+            let t = count(i) as u64;
+            let r = &mut self.requests[s as usize];
+            r.generated += t;
+            total += t;
+            let c = r.client;
+            if t > 0 {
+                self.add_pending(c, t);
+            }
+        }
+        self.occupancy += total;
+        self.charge_touched();
+        Ok(())
+    }
+
+    fn remove_running(&mut self, s: u32) {
+        let admit_seq = self.requests[s as usize].admit_seq;
+        let pos = self
+            .running
+            .binary_search_by_key(&admit_seq, |&x| self.requests[x as usize].admit_seq)
+            .expect("running request is in the running list");
+        self.running.remove(pos);
+        let r = &self.requests[s as usize];
+        self.occupancy -= r.footprint();
+        self.clients[r.client as usize].n_running -= 1;
+    }
+
+    fn preempt_slot(&mut self, s: u32) {
+        self.remove_running(s);
+        let r = &mut self.requests[s as usize];
+        r.state = Slot::Waiting;
+        let (c, seq) = (r.client, r.seq);
+        // Back to the head of its client's queue with its original seq. No
+        // lift: the client was being served, not idle.
+        let cl = &mut self.clients[c as usize];
+        cl.queue.push_front(QueueEntry { slot: s, seq });
+        cl.head_seq = seq;
+        cl.n_waiting += 1;
+        let first = cl.n_waiting == 1;
+        self.num_waiting += 1;
+        let key = self.key_of(c);
+        if first {
+            self.heap.push(c, key, &mut self.clients[..]);
+        } else {
+            self.heap.update(c, key, &mut self.clients[..]);
+        }
+    }
+
+    /// Engine mode: evict a running request under memory pressure. Its KV
+    /// leaves the budget, it goes back to the head of its client's queue, and
+    /// when it is admitted again it is not charged again for its prompt (its
+    /// footprint then is prompt + generated, which the engine recomputes).
+    pub fn preempt(&mut self, rid: u64) -> Result<()> {
+        let s = self.running_slot(rid, Op::Preempt)?;
+        self.preempt_slot(s);
+        Ok(())
+    }
+
+    /// A running request is done: its tokens leave the KV budget.
+    pub fn finish(&mut self, rid: u64) -> Result<()> {
+        let s = self.running_slot(rid, Op::Finish)?;
+        self.remove_running(s);
+        self.free_slot(s);
+        Ok(())
+    }
+
+    /// Drop a live request: a waiting one leaves its queue, a running one
+    /// (an abort) releases its KV tokens like `finish`.
+    pub fn cancel(&mut self, rid: u64) -> Result<()> {
+        let s = self.slot_of(rid)?;
+        match self.requests[s as usize].state {
+            Slot::Running => {
+                self.remove_running(s);
+                self.free_slot(s);
+            }
+            Slot::Waiting => {
+                let c = self.requests[s as usize].client;
+                let was_head = self.clients[c as usize].head_seq == self.requests[s as usize].seq;
+                self.free_slot(s);
+                self.num_waiting -= 1;
+                let cl = &mut self.clients[c as usize];
+                cl.n_waiting -= 1;
+                if cl.n_waiting == 0 {
+                    self.leave_backlog(c);
+                } else if was_head {
+                    self.clean_front(c);
+                    self.adjust(c);
+                }
+            }
+            Slot::Free => unreachable!("indexed request {rid} in a free slot"),
+        }
+        Ok(())
+    }
+
+    /// Check every structural invariant (tests and fuzzing; O(n)).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.heap.check(&self.clients[..])?;
+        let mut occ = 0u64;
+        let mut prev = 0u64;
+        for &s in &self.running {
+            let r = &self.requests[s as usize];
+            if r.state != Slot::Running {
+                return Err(format!("request {} in running list is not running", r.rid));
+            }
+            if r.admit_seq <= prev {
+                return Err("running list out of admission order".into());
+            }
+            prev = r.admit_seq;
+            occ += r.footprint();
+        }
+        if occ != self.occupancy {
+            return Err(format!("occupancy {} != sum of footprints {occ}", self.occupancy));
+        }
+        let mut waiting = 0usize;
+        let mut running = vec![0usize; self.clients.len()];
+        for &s in &self.running {
+            running[self.requests[s as usize].client as usize] += 1;
+        }
+        for (i, cl) in self.clients.iter().enumerate() {
+            let live: Vec<&QueueEntry> = cl.queue.iter().filter(|e| self.entry_live(e)).collect();
+            if live.len() != cl.n_waiting {
+                return Err(format!("client {i}: n_waiting {} != live entries {}", cl.n_waiting, live.len()));
+            }
+            if live.iter().any(|e| self.requests[e.slot as usize].client != i as u32) {
+                return Err(format!("client {i} queues another client's request"));
+            }
+            if cl.n_running != running[i] {
+                return Err(format!("client {i}: n_running {} != {}", cl.n_running, running[i]));
+            }
+            waiting += cl.n_waiting;
+            let in_heap = cl.heap_pos != NOT_IN_HEAP;
+            if in_heap != (cl.n_waiting > 0) {
+                return Err(format!("client {i}: in heap {in_heap} but n_waiting {}", cl.n_waiting));
+            }
+            if in_heap {
+                let front = cl.queue.front().expect("backlogged");
+                if !self.entry_live(front) || front.seq != cl.head_seq {
+                    return Err(format!("client {i}: front entry is not the live head"));
+                }
+                if self.heap.key_at(cl.heap_pos) != self.key_of(i as u32) {
+                    return Err(format!("client {i}: stale heap key"));
+                }
+            }
+            // Rounding is monotone, so equal charges keep counter >= service exactly.
+            if cl.counter < cl.service || (self.policy != Policy::Vtc && cl.counter != cl.service) {
+                return Err(format!("client {i}: counter {} below service {}", cl.counter, cl.service));
+            }
+        }
+        if waiting != self.num_waiting {
+            return Err(format!("num_waiting {} != {waiting}", self.num_waiting));
+        }
+        let live = self.requests.iter().filter(|r| r.state != Slot::Free).count();
+        if live != self.index.len() {
+            return Err(format!("{} live slots but {} indexed ids", live, self.index.len()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,470 @@
+//! `vtc._core`: a thin PyO3 layer over `vtc-core`.
+//!
+//! Arguments are read into plain Rust values first (client keys are interned
+//! to the core's dense ids here); the work then runs on the core, with the
+//! GIL released for batch calls. The scheduler sits behind a mutex so that
+//! API threads and an engine thread can share one object safely.
+
+mod errors;
+
+use std::collections::HashMap;
+
+use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
+use parking_lot::{Mutex, MutexGuard};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+use vtc_core::{ClientId, CoreError, Policy, RequestState, Tokens};
+
+use errors::{invalid, Error, Result};
+
+/// Batches at least this long are processed with the GIL released.
+const DETACH_MIN: usize = 128;
+
+/// A client key as Python gave it: an int or a str.
+#[derive(Clone, Debug)]
+enum Key {
+    Int(i64),
+    Str(Box<str>),
+}
+
+enum KeyRef<'a> {
+    Int(i64),
+    Str(&'a str),
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable>".into())
+}
+
+fn type_error(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> Error {
+    Error::Py(PyTypeError::new_err(format!(
+        "{what} must be {expected}, got {} of type {}",
+        repr(obj),
+        type_name(obj)
+    )))
+}
+
+/// An integer argument: a Python int or anything with `__index__` (numpy
+/// integers), never a bool.
+fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(what, "an int", obj));
+    }
+    let idx = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else {
+        match obj.call_method0("__index__") {
+            Ok(i) => i,
+            Err(_) => return Err(type_error(what, "an int", obj)),
+        }
+    };
+    idx.extract::<i128>()
+        .map_err(|_| invalid(format!("{what} {} is out of range", repr(obj))))
+}
+
+fn request_id_arg(obj: &Bound<'_, PyAny>) -> Result<u64> {
+    let v = int_arg("request_id", obj)?;
+    u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
+}
+
+fn i64_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i64> {
+    let v = int_arg(what, obj)?;
+    i64::try_from(v).map_err(|_| invalid(format!("{what} {v} does not fit in 64 bits")))
+}
+
+fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(KeyRef::Str(s.to_str()?));
+    }
+    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        let v: i128 = obj.extract()?;
+        return i64::try_from(v)
+            .map(KeyRef::Int)
+            .map_err(|_| invalid(format!("client id {v} does not fit in 64 bits")));
+    }
+    Err(type_error("client", "an int or a str", obj))
+}
+
+fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(what, "a number", obj));
+    }
+    obj.extract::<f64>().map_err(|_| type_error(what, "a number", obj))
+}
+
+/// A sequence of integers: a 1-d numpy integer array or any iterable of ints.
+fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
+    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
+        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
+    }
+    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, u64>>() {
+        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
+    }
+    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i32>>() {
+        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
+    }
+    if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
+        return Err(Error::Py(PyTypeError::new_err(format!(
+            "{what} must be a 1-d integer array, got a {}-d array of dtype {}",
+            a.ndim(),
+            a.dtype()
+        ))));
+    }
+    let iter = obj.try_iter().map_err(|_| type_error(what, "a sequence of ints", obj))?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for item in iter {
+        out.push(int_arg(what, &item?)?);
+    }
+    Ok(out)
+}
+
+struct Inner {
+    core: vtc_core::Scheduler,
+    ints: HashMap<i64, u32>,
+    strs: HashMap<Box<str>, u32>,
+    keys: Vec<Key>,
+}
+
+impl Inner {
+    fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
+        match k {
+            KeyRef::Int(i) => self.ints.get(i),
+            KeyRef::Str(s) => self.strs.get(*s),
+        }
+        .map(|&c| ClientId(c))
+    }
+
+    fn intern(&mut self, k: &KeyRef<'_>) -> ClientId {
+        if let Some(c) = self.lookup(k) {
+            return c;
+        }
+        let c = self.core.add_client();
+        match k {
+            KeyRef::Int(i) => {
+                self.ints.insert(*i, c.0);
+                self.keys.push(Key::Int(*i));
+            }
+            KeyRef::Str(s) => {
+                self.strs.insert((*s).into(), c.0);
+                self.keys.push(Key::Str((*s).into()));
+            }
+        }
+        c
+    }
+}
+
+fn key_to_py<'py>(py: Python<'py>, k: &Key) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match k {
+        Key::Int(i) => i.into_pyobject(py)?.into_any(),
+        Key::Str(s) => PyString::new(py, s).into_any(),
+    })
+}
+
+/// The Virtual Token Counter scheduler. See `vtc/_core.pyi` for the API.
+#[pyclass(frozen, module = "vtc", name = "Scheduler")]
+struct PyScheduler {
+    inner: Mutex<Inner>,
+}
+
+impl PyScheduler {
+    /// Take the lock; if another thread holds it, wait with the GIL released.
+    fn lock<'a>(&'a self, py: Python<'_>) -> MutexGuard<'a, Inner> {
+        match self.inner.try_lock() {
+            Some(g) => g,
+            None => py.detach(|| self.inner.lock()),
+        }
+    }
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[new]
+    #[pyo3(signature = (M, wp = None, wq = None, policy = None))]
+    #[allow(non_snake_case)]
+    fn new(
+        M: &Bound<'_, PyAny>,
+        wp: Option<&Bound<'_, PyAny>>,
+        wq: Option<&Bound<'_, PyAny>>,
+        policy: Option<&Bound<'_, PyAny>>,
+    ) -> Result<Self> {
+        let m = i64_arg("M", M)?;
+        let wp = wp.map(|w| float_arg("wp", w)).transpose()?.unwrap_or(1.0);
+        let wq = wq.map(|w| float_arg("wq", w)).transpose()?.unwrap_or(2.0);
+        let policy: Policy = match policy {
+            None => Policy::Vtc,
+            Some(p) => p.cast::<PyString>().map_err(|_| type_error("policy", "a str", p))?.to_str()?.parse()?,
+        };
+        let core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
+        Ok(PyScheduler {
+            inner: Mutex::new(Inner { core, ints: HashMap::new(), strs: HashMap::new(), keys: Vec::new() }),
+        })
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let g = self.lock(py);
+        format!(
+            "Scheduler(M={}, wp={:?}, wq={:?}, policy='{}')",
+            g.core.budget(),
+            g.core.wp(),
+            g.core.wq(),
+            g.core.policy().name()
+        )
+    }
+
+    #[getter(M)]
+    fn budget(&self, py: Python<'_>) -> u64 {
+        self.lock(py).core.budget()
+    }
+    #[getter]
+    fn wp(&self, py: Python<'_>) -> f64 {
+        self.lock(py).core.wp()
+    }
+    #[getter]
+    fn wq(&self, py: Python<'_>) -> f64 {
+        self.lock(py).core.wq()
+    }
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).core.policy().name()
+    }
+    #[getter]
+    fn occupancy(&self, py: Python<'_>) -> u64 {
+        self.lock(py).core.occupancy()
+    }
+    #[getter]
+    fn num_waiting(&self, py: Python<'_>) -> usize {
+        self.lock(py).core.num_waiting()
+    }
+    #[getter]
+    fn num_running(&self, py: Python<'_>) -> usize {
+        self.lock(py).core.num_running()
+    }
+    #[getter]
+    fn num_clients(&self, py: Python<'_>) -> usize {
+        self.lock(py).core.num_clients()
+    }
+
+    fn set_weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>, weight: &Bound<'_, PyAny>) -> Result<()> {
+        let key = client_arg(client)?;
+        let w = float_arg("weight", weight)?;
+        if !(w.is_finite() && w > 0.0) {
+            return Err(CoreError::InvalidWeight(w).into());
+        }
+        let mut g = self.lock(py);
+        let c = g.intern(&key);
+        g.core.set_weight(c, w)?;
+        Ok(())
+    }
+
+    fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
+        let key = client_arg(client)?;
+        let g = self.lock(py);
+        Ok(match g.lookup(&key) {
+            Some(c) => g.core.client(c)?.weight(),
+            None => 1.0,
+        })
+    }
+
+    fn counter(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
+        let key = client_arg(client)?;
+        let g = self.lock(py);
+        Ok(match g.lookup(&key) {
+            Some(c) => g.core.counter(c)?,
+            None => 0.0,
+        })
+    }
+
+    fn service(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
+        let key = client_arg(client)?;
+        let g = self.lock(py);
+        Ok(match g.lookup(&key) {
+            Some(c) => g.core.service(c)?,
+            None => 0.0,
+        })
+    }
+
+    fn submit(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>, client: &Bound<'_, PyAny>, prompt_len: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        let key = client_arg(client)?;
+        let prompt = i64_arg("prompt_len", prompt_len)?;
+        let mut g = self.lock(py);
+        // Validate before interning so a rejected submit creates no client.
+        g.core.check_submit(rid, prompt)?;
+        let c = g.intern(&key);
+        g.core.submit(rid, c, prompt)?;
+        Ok(())
+    }
+
+    fn schedule<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut out = Vec::new();
+        {
+            let mut g = self.lock(py);
+            g.core.schedule(&mut out);
+        }
+        PyList::new(py, out)
+    }
+
+    #[pyo3(signature = (request_ids = None, tokens = None))]
+    fn decode<'py>(&self, py: Python<'py>, request_ids: Option<&Bound<'py, PyAny>>, tokens: Option<&Bound<'py, PyAny>>) -> Result<Bound<'py, PyList>> {
+        let Some(ids) = request_ids else {
+            if tokens.is_some() {
+                return Err(Error::Py(PyTypeError::new_err("tokens given without request_ids")));
+            }
+            let mut preempted = Vec::new();
+            let mut g = self.lock(py);
+            let n = g.core.num_running();
+            if n >= DETACH_MIN {
+                py.detach(|| g.core.decode_step(&mut preempted))?;
+            } else {
+                g.core.decode_step(&mut preempted)?;
+            }
+            drop(g);
+            return Ok(PyList::new(py, preempted)?);
+        };
+        let rids = int_vec("request_ids", ids)?
+            .into_iter()
+            .map(|v| u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}"))))
+            .collect::<Result<Vec<u64>>>()?;
+        enum Toks {
+            Each(i64),
+            Per(Vec<i64>),
+        }
+        let toks = match tokens {
+            None => Toks::Each(1),
+            Some(t) if t.is_instance_of::<PyInt>() && !t.is_instance_of::<PyBool>() => {
+                Toks::Each(i64_arg("tokens", t)?)
+            }
+            Some(t) => Toks::Per(
+                int_vec("tokens", t)?
+                    .into_iter()
+                    .map(|v| i64::try_from(v).map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits"))))
+                    .collect::<Result<Vec<i64>>>()?,
+            ),
+        };
+        let tokens = match &toks {
+            Toks::Each(t) => Tokens::Each(*t),
+            Toks::Per(v) => Tokens::PerRequest(v),
+        };
+        let mut g = self.lock(py);
+        if rids.len() >= DETACH_MIN {
+            py.detach(|| g.core.decode(&rids, tokens))?;
+        } else {
+            g.core.decode(&rids, tokens)?;
+        }
+        drop(g);
+        Ok(PyList::empty(py))
+    }
+
+    fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py).core.finish(rid)?;
+        Ok(())
+    }
+
+    fn cancel(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py).core.cancel(rid)?;
+        Ok(())
+    }
+
+    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py).core.preempt(rid)?;
+        Ok(())
+    }
+
+    fn peek(&self, py: Python<'_>) -> Option<u64> {
+        self.lock(py).core.peek()
+    }
+
+    fn pop(&self, py: Python<'_>) -> Option<u64> {
+        self.lock(py).core.pop()
+    }
+
+    fn status(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<Option<&'static str>> {
+        let rid = request_id_arg(request_id)?;
+        Ok(self.lock(py).core.status(rid).map(|s| match s {
+            RequestState::Waiting => "waiting",
+            RequestState::Running => "running",
+        }))
+    }
+
+    fn generated(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<u64> {
+        let rid = request_id_arg(request_id)?;
+        Ok(self.lock(py).core.generated(rid)?)
+    }
+
+    fn running<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let ids: Vec<u64> = self.lock(py).core.running().collect();
+        PyList::new(py, ids)
+    }
+
+    fn clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.lock(py).keys.clone();
+        let list = PyList::empty(py);
+        for k in &keys {
+            list.append(key_to_py(py, k)?)?;
+        }
+        Ok(list)
+    }
+
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.per_client(py, |c| c.counter())
+    }
+
+    fn services<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.per_client(py, |c| c.service())
+    }
+
+    fn _check_invariants(&self, py: Python<'_>) -> Result<()> {
+        let g = self.lock(py);
+        g.core.check_invariants().map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
+        if g.keys.len() != g.core.num_clients() || g.ints.len() + g.strs.len() != g.keys.len() {
+            return Err(Error::Py(pyo3::exceptions::PyAssertionError::new_err("client interning out of sync")));
+        }
+        Ok(())
+    }
+}
+
+impl PyScheduler {
+    fn per_client<'py>(&self, py: Python<'py>, f: impl Fn(&vtc_core::Client) -> f64) -> PyResult<Bound<'py, PyDict>> {
+        let values: Vec<(Key, f64)> = {
+            let g = self.lock(py);
+            g.keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), f(g.core.client(ClientId(i as u32)).expect("interned client exists"))))
+                .collect()
+        };
+        let d = PyDict::new(py);
+        for (k, v) in values {
+            d.set_item(key_to_py(py, &k)?, v)?;
+        }
+        Ok(d)
+    }
+}
+
+#[pymodule(gil_used = false)]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyScheduler>()?;
+    m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
+    for kind in [
+        errors::Kind::InvalidArgument,
+        errors::Kind::DuplicateRequest,
+        errors::Kind::UnknownRequest,
+        errors::Kind::RequestState,
+        errors::Kind::Capacity,
+    ] {
+        let ty = errors::exception_type(py, kind)?;
+        m.add(ty.name()?.to_string().as_str(), ty)?;
+    }
+    m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
+    Ok(())
+}
