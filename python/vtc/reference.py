@@ -28,11 +28,11 @@ The rules
   recently left the backlog)``.  A client leaves the backlog when its last
   waiting request is admitted or cancelled.
 * ``decode()`` without arguments is one engine iteration: each running request
-  generates one token.  If the batch would outgrow ``M``, the most recently
-  admitted running requests are preempted first (back to the head of their
-  client's queue, never charged again for what they already paid).  If even
-  the oldest request alone cannot grow, ``CapacityError`` is raised and nothing
-  changes.
+  generates one token.  If the batch would outgrow ``M``, running requests are
+  preempted first, from the client with the largest counter (latest admission
+  among equals): back to the head of their client's queue, never charged again
+  for what they already paid.  If the last remaining request alone cannot
+  grow, ``CapacityError`` is raised and nothing changes.
 * ``decode(request_ids, tokens)`` records what an engine produced; the engine
   owns memory there, so no capacity check is made (likewise ``pop()``).
 """
@@ -42,8 +42,8 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from vtc._core import MAX_TOKENS_PER_CALL
 from vtc.errors import (
@@ -221,7 +221,8 @@ class Scheduler:
         prompt_len = _check_int("prompt_len", prompt_len, 1)
         if prompt_len > self.M:
             raise InvalidArgumentError(
-                f"prompt_len {prompt_len} exceeds the KV budget M={self.M}; it could never be admitted"
+                f"prompt_len {prompt_len} exceeds the KV budget M={self.M}; "
+                "it could never be admitted"
             )
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid} is already live")
@@ -326,29 +327,36 @@ class Scheduler:
         return []
 
     def _decode_all(self) -> list[int]:
-        order = self.running()  # oldest admission first
-        occ, n = self.occupancy, len(order)
         victims = []
-        while n > 0 and occ + n > self.M:
-            if n == 1:
-                r = self._requests[order[0]]
-                raise CapacityError(
-                    f"request {r.rid} holds {r.prompt + r.generated} tokens and cannot grow "
-                    f"within M={self.M}; finish or cancel it"
-                )
-            victim = order[n - 1]
-            r = self._requests[victim]
-            occ -= r.prompt + r.generated
-            n -= 1
-            victims.append(victim)
-        for rid in victims:
-            self.preempt(rid)
+        if self.occupancy + len(self._running) > self.M:
+            # Evict from the most-served client first, latest admission first.
+            order = sorted(
+                self._running,
+                key=lambda rid: (
+                    self._clients[self._requests[rid].client].counter,
+                    self._requests[rid].admit_seq,
+                ),
+                reverse=True,
+            )
+            occ, keep = self.occupancy, len(order)
+            while occ + keep > self.M:
+                r = self._requests[order[len(victims)]]
+                if keep == 1:
+                    raise CapacityError(
+                        f"request {r.rid} holds {r.prompt + r.generated} tokens and cannot "
+                        f"grow within M={self.M}; finish or cancel it"
+                    )
+                occ -= r.prompt + r.generated
+                keep -= 1
+                victims.append(r.rid)
+            for rid in victims:
+                self.preempt(rid)
         per_client: dict = {}
-        for rid in order[:n]:
+        for rid in self._running:
             r = self._requests[rid]
             r.generated += 1
             per_client[r.client] = per_client.get(r.client, 0) + 1
-        self.occupancy += n
+        self.occupancy += len(self._running)
         self._charge_tokens(per_client)
         return victims
 
@@ -385,3 +393,9 @@ class Scheduler:
 
     def counters(self) -> dict:
         return {k: c.counter for k, c in self._clients.items()}
+
+    def services(self) -> dict:
+        return {k: c.service for k, c in self._clients.items()}
+
+    def generated(self, request_id) -> int:
+        return self._get(request_id).generated

@@ -51,7 +51,11 @@ pub enum CoreError {
     /// More tokens for one request in one call than `MAX_TOKENS_PER_CALL`.
     TooManyTokens(u64),
     /// The oldest running request alone cannot grow within `M`.
-    Capacity { request_id: u64, tokens: u64, budget: u64 },
+    Capacity {
+        request_id: u64,
+        tokens: u64,
+        budget: u64,
+    },
     /// A client id the core never issued.
     UnknownClient(u32),
 }

@@ -137,7 +137,11 @@ impl IndexedHeap {
                 break;
             }
             let r = l + 1;
-            let c = if r < n && self.entries[r].key.less(&self.entries[l].key) { r } else { l };
+            let c = if r < n && self.entries[r].key.less(&self.entries[l].key) {
+                r
+            } else {
+                l
+            };
             let ce = self.entries[c];
             if !ce.key.less(&e.key) {
                 break;
@@ -154,7 +158,11 @@ impl IndexedHeap {
     pub fn check<P: Positions + ?Sized>(&self, p: &P) -> std::result::Result<(), String> {
         for (i, e) in self.entries.iter().enumerate() {
             if p.pos(e.id) as usize != i {
-                return Err(format!("client {} at {i} records position {}", e.id, p.pos(e.id)));
+                return Err(format!(
+                    "client {} at {i} records position {}",
+                    e.id,
+                    p.pos(e.id)
+                ));
             }
             if i > 0 && e.key.less(&self.entries[(i - 1) / 2].key) {
                 return Err(format!("heap order broken at {i}"));
@@ -181,13 +189,19 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             self.0 >> 33
         }
     }
 
     fn key(c: u64, s: u64) -> Key {
-        Key { counter: c as f64, seq: s }
+        Key {
+            counter: c as f64,
+            seq: s,
+        }
     }
 
     #[test]

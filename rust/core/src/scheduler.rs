@@ -149,6 +149,8 @@ pub struct Scheduler {
     last_left: Option<u32>,
     /// Scratch list of clients touched by a decode call (kept to avoid allocating).
     touched: Vec<u32>,
+    /// Scratch for choosing preemption victims.
+    victims: Vec<(f64, u64, u32)>,
 }
 
 impl Scheduler {
@@ -181,6 +183,7 @@ impl Scheduler {
             decode_epoch: 0,
             last_left: None,
             touched: Vec::new(),
+            victims: Vec::new(),
         })
     }
 
@@ -217,7 +220,9 @@ impl Scheduler {
     }
 
     pub fn client(&self, c: ClientId) -> Result<&Client> {
-        self.clients.get(c.0 as usize).ok_or(CoreError::UnknownClient(c.0))
+        self.clients
+            .get(c.0 as usize)
+            .ok_or(CoreError::UnknownClient(c.0))
     }
 
     pub fn counter(&self, c: ClientId) -> Result<f64> {
@@ -229,11 +234,13 @@ impl Scheduler {
     }
 
     pub fn status(&self, rid: u64) -> Option<RequestState> {
-        self.index.get(&rid).map(|&s| match self.requests[s as usize].state {
-            Slot::Waiting => RequestState::Waiting,
-            Slot::Running => RequestState::Running,
-            Slot::Free => unreachable!("indexed request {rid} in a free slot"),
-        })
+        self.index
+            .get(&rid)
+            .map(|&s| match self.requests[s as usize].state {
+                Slot::Waiting => RequestState::Waiting,
+                Slot::Running => RequestState::Running,
+                Slot::Free => unreachable!("indexed request {rid} in a free slot"),
+            })
     }
 
     /// Running request ids, oldest admission first.
@@ -262,7 +269,10 @@ impl Scheduler {
         if !(weight.is_finite() && weight > 0.0) {
             return Err(CoreError::InvalidWeight(weight));
         }
-        let cl = self.clients.get_mut(c.0 as usize).ok_or(CoreError::UnknownClient(c.0))?;
+        let cl = self
+            .clients
+            .get_mut(c.0 as usize)
+            .ok_or(CoreError::UnknownClient(c.0))?;
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
         Ok(())
@@ -274,7 +284,11 @@ impl Scheduler {
     fn key_of(&self, c: u32) -> Key {
         let cl = &self.clients[c as usize];
         Key {
-            counter: if self.policy == Policy::Fcfs { 0.0 } else { cl.counter },
+            counter: if self.policy == Policy::Fcfs {
+                0.0
+            } else {
+                cl.counter
+            },
             seq: cl.head_seq,
         }
     }
@@ -343,13 +357,19 @@ impl Scheduler {
     // ------------------------------------------------------------- requests
 
     fn slot_of(&self, rid: u64) -> Result<u32> {
-        self.index.get(&rid).copied().ok_or(CoreError::UnknownRequest(rid))
+        self.index
+            .get(&rid)
+            .copied()
+            .ok_or(CoreError::UnknownRequest(rid))
     }
 
     fn running_slot(&self, rid: u64, op: Op) -> Result<u32> {
         let s = self.slot_of(rid)?;
         if self.requests[s as usize].state != Slot::Running {
-            return Err(CoreError::NotRunning { request_id: rid, op });
+            return Err(CoreError::NotRunning {
+                request_id: rid,
+                op,
+            });
         }
         Ok(s)
     }
@@ -382,7 +402,10 @@ impl Scheduler {
     /// the new head's seq. Only called while `c` has a live waiting request.
     fn clean_front(&mut self, c: u32) {
         loop {
-            let front = *self.clients[c as usize].queue.front().expect("backlogged client has a queue");
+            let front = *self.clients[c as usize]
+                .queue
+                .front()
+                .expect("backlogged client has a queue");
             if self.entry_live(&front) {
                 self.clients[c as usize].head_seq = front.seq;
                 return;
@@ -409,7 +432,10 @@ impl Scheduler {
             return Err(CoreError::InvalidPrompt(prompt_len));
         }
         if prompt_len as u64 > self.budget {
-            return Err(CoreError::PromptTooLong { prompt_len: prompt_len as u64, budget: self.budget });
+            return Err(CoreError::PromptTooLong {
+                prompt_len: prompt_len as u64,
+                budget: self.budget,
+            });
         }
         if self.index.contains_key(&rid) {
             return Err(CoreError::DuplicateRequest(rid));
@@ -467,7 +493,10 @@ impl Scheduler {
     /// Admit the head request of the least-key client, without a KV check.
     fn admit_next(&mut self) -> Option<u64> {
         let (c, _) = self.heap.top()?;
-        let entry = self.clients[c as usize].queue.pop_front().expect("backlogged client has a queue");
+        let entry = self.clients[c as usize]
+            .queue
+            .pop_front()
+            .expect("backlogged client has a queue");
         debug_assert!(self.entry_live(&entry));
         self.admit_seq += 1;
         let admit_seq = self.admit_seq;
@@ -478,7 +507,11 @@ impl Scheduler {
         let rid = r.rid;
         let fp = r.footprint();
         // A preempted request that comes back already paid for its prompt.
-        let charge = if r.prefill_paid { None } else { Some(wp * r.prompt as f64) };
+        let charge = if r.prefill_paid {
+            None
+        } else {
+            Some(wp * r.prompt as f64)
+        };
         r.prefill_paid = true;
         self.occupancy += fp;
         self.running.push(entry.slot);
@@ -550,31 +583,20 @@ impl Scheduler {
 
     /// One engine iteration: every running request generates one token.
     ///
-    /// If the grown batch would not fit in `M`, the most recently admitted
-    /// requests are preempted first (their ids are appended to `preempted`,
-    /// latest first). Fails with [`CoreError::Capacity`], changing nothing,
-    /// when even the oldest running request alone cannot grow.
+    /// If the grown batch would not fit in `M`, requests are preempted first
+    /// (their ids are appended to `preempted`, in eviction order): the victim
+    /// is always the running request whose client has the largest counter,
+    /// the latest admitted among equals. Evicting the most-served client keeps
+    /// preemption on the side of fairness; evicting the latest admission (as
+    /// engines do by default) would hit exactly the client VTC just favoured.
+    /// Fails with [`CoreError::Capacity`], changing nothing, when even the
+    /// last remaining request alone cannot grow.
     pub fn decode_step(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
         let n = self.running.len();
-        let mut keep = n;
-        let mut occ = self.occupancy;
-        while keep > 0 && occ + keep as u64 > self.budget {
-            if keep == 1 {
-                let r = &self.requests[self.running[0] as usize];
-                return Err(CoreError::Capacity {
-                    request_id: r.rid,
-                    tokens: r.footprint(),
-                    budget: self.budget,
-                });
-            }
-            keep -= 1;
-            occ -= self.requests[self.running[keep] as usize].footprint();
+        if self.occupancy + n as u64 > self.budget {
+            self.preempt_for_growth(preempted)?;
         }
-        while self.running.len() > keep {
-            let s = *self.running.last().expect("len > keep");
-            preempted.push(self.requests[s as usize].rid);
-            self.preempt_slot(s);
-        }
+        let keep = self.running.len();
         for i in 0..keep {
             let s = self.running[i];
             let r = &mut self.requests[s as usize];
@@ -587,6 +609,43 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Preempt until every running request can grow by one token.
+    #[cold]
+    fn preempt_for_growth(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
+        let mut order = std::mem::take(&mut self.victims);
+        order.clear();
+        order.extend(self.running.iter().map(|&s| {
+            let r = &self.requests[s as usize];
+            (self.clients[r.client as usize].counter, r.admit_seq, s)
+        }));
+        // most-served client first, latest admission first among equals
+        order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        let mut occ = self.occupancy;
+        let mut keep = order.len();
+        let mut k = 0;
+        while occ + keep as u64 > self.budget {
+            if keep == 1 {
+                let r = &self.requests[order[k].2 as usize];
+                let err = CoreError::Capacity {
+                    request_id: r.rid,
+                    tokens: r.footprint(),
+                    budget: self.budget,
+                };
+                self.victims = order;
+                return Err(err);
+            }
+            occ -= self.requests[order[k].2 as usize].footprint();
+            keep -= 1;
+            k += 1;
+        }
+        for &(_, _, s) in &order[..k] {
+            preempted.push(self.requests[s as usize].rid);
+            self.preempt_slot(s);
+        }
+        self.victims = order;
+        Ok(())
+    }
+
     /// Engine form: record that request `rids[i]` generated `tokens[i]`
     /// tokens (or `Each(t)` for all). The engine owns memory here: no
     /// capacity check is made. All-or-nothing: any bad id or count fails the
@@ -594,7 +653,10 @@ impl Scheduler {
     pub fn decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
         if let Tokens::PerRequest(t) = tokens {
             if t.len() != rids.len() {
-                return Err(CoreError::LengthMismatch { ids: rids.len(), tokens: t.len() });
+                return Err(CoreError::LengthMismatch {
+                    ids: rids.len(),
+                    tokens: t.len(),
+                });
             }
         }
         self.decode_epoch += 1;
@@ -732,7 +794,10 @@ impl Scheduler {
             occ += r.footprint();
         }
         if occ != self.occupancy {
-            return Err(format!("occupancy {} != sum of footprints {occ}", self.occupancy));
+            return Err(format!(
+                "occupancy {} != sum of footprints {occ}",
+                self.occupancy
+            ));
         }
         let mut waiting = 0usize;
         let mut running = vec![0usize; self.clients.len()];
@@ -742,18 +807,31 @@ impl Scheduler {
         for (i, cl) in self.clients.iter().enumerate() {
             let live: Vec<&QueueEntry> = cl.queue.iter().filter(|e| self.entry_live(e)).collect();
             if live.len() != cl.n_waiting {
-                return Err(format!("client {i}: n_waiting {} != live entries {}", cl.n_waiting, live.len()));
+                return Err(format!(
+                    "client {i}: n_waiting {} != live entries {}",
+                    cl.n_waiting,
+                    live.len()
+                ));
             }
-            if live.iter().any(|e| self.requests[e.slot as usize].client != i as u32) {
+            if live
+                .iter()
+                .any(|e| self.requests[e.slot as usize].client != i as u32)
+            {
                 return Err(format!("client {i} queues another client's request"));
             }
             if cl.n_running != running[i] {
-                return Err(format!("client {i}: n_running {} != {}", cl.n_running, running[i]));
+                return Err(format!(
+                    "client {i}: n_running {} != {}",
+                    cl.n_running, running[i]
+                ));
             }
             waiting += cl.n_waiting;
             let in_heap = cl.heap_pos != NOT_IN_HEAP;
             if in_heap != (cl.n_waiting > 0) {
-                return Err(format!("client {i}: in heap {in_heap} but n_waiting {}", cl.n_waiting));
+                return Err(format!(
+                    "client {i}: in heap {in_heap} but n_waiting {}",
+                    cl.n_waiting
+                ));
             }
             if in_heap {
                 let front = cl.queue.front().expect("backlogged");
@@ -766,15 +844,26 @@ impl Scheduler {
             }
             // Rounding is monotone, so equal charges keep counter >= service exactly.
             if cl.counter < cl.service || (self.policy != Policy::Vtc && cl.counter != cl.service) {
-                return Err(format!("client {i}: counter {} below service {}", cl.counter, cl.service));
+                return Err(format!(
+                    "client {i}: counter {} below service {}",
+                    cl.counter, cl.service
+                ));
             }
         }
         if waiting != self.num_waiting {
             return Err(format!("num_waiting {} != {waiting}", self.num_waiting));
         }
-        let live = self.requests.iter().filter(|r| r.state != Slot::Free).count();
+        let live = self
+            .requests
+            .iter()
+            .filter(|r| r.state != Slot::Free)
+            .count();
         if live != self.index.len() {
-            return Err(format!("{} live slots but {} indexed ids", live, self.index.len()));
+            return Err(format!(
+                "{} live slots but {} indexed ids",
+                live,
+                self.index.len()
+            ));
         }
         Ok(())
     }

@@ -19,7 +19,12 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use vtc_core::CoreError;
 
-pyo3::create_exception!(vtc, SchedulerError, PyException, "Base class of every error vtc raises.");
+pyo3::create_exception!(
+    vtc,
+    SchedulerError,
+    PyException,
+    "Base class of every error vtc raises."
+);
 
 static INVALID_ARGUMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DUPLICATE_REQUEST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -98,9 +103,17 @@ pub fn exception_type(py: Python<'_>, kind: Kind) -> PyResult<Bound<'_, PyType>>
 pub fn kind_of(e: &CoreError) -> Kind {
     use CoreError::*;
     match e {
-        InvalidBudget(_) | InvalidTokenWeight { .. } | InvalidWeight(_) | InvalidPrompt(_)
-        | PromptTooLong { .. } | UnknownPolicy(_) | LengthMismatch { .. } | NegativeTokens(_)
-        | TooManyTokens(_) | DuplicateInBatch(_) | UnknownClient(_) => Kind::InvalidArgument,
+        InvalidBudget(_)
+        | InvalidTokenWeight { .. }
+        | InvalidWeight(_)
+        | InvalidPrompt(_)
+        | PromptTooLong { .. }
+        | UnknownPolicy(_)
+        | LengthMismatch { .. }
+        | NegativeTokens(_)
+        | TooManyTokens(_)
+        | DuplicateInBatch(_)
+        | UnknownClient(_) => Kind::InvalidArgument,
         DuplicateRequest(_) => Kind::DuplicateRequest,
         UnknownRequest(_) => Kind::UnknownRequest,
         NotRunning { .. } => Kind::RequestState,

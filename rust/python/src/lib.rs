@@ -34,11 +34,16 @@ enum KeyRef<'a> {
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "<unrepresentable>".into())
+    obj.repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unrepresentable>".into())
 }
 
 fn type_error(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> Error {
@@ -94,7 +99,8 @@ fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
     if obj.is_instance_of::<PyBool>() {
         return Err(type_error(what, "a number", obj));
     }
-    obj.extract::<f64>().map_err(|_| type_error(what, "a number", obj))
+    obj.extract::<f64>()
+        .map_err(|_| type_error(what, "a number", obj))
 }
 
 /// A sequence of integers: a 1-d numpy integer array or any iterable of ints.
@@ -115,7 +121,9 @@ fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
             a.dtype()
         ))));
     }
-    let iter = obj.try_iter().map_err(|_| type_error(what, "a sequence of ints", obj))?;
+    let iter = obj
+        .try_iter()
+        .map_err(|_| type_error(what, "a sequence of ints", obj))?;
     let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
     for item in iter {
         out.push(int_arg(what, &item?)?);
@@ -197,11 +205,20 @@ impl PyScheduler {
         let wq = wq.map(|w| float_arg("wq", w)).transpose()?.unwrap_or(2.0);
         let policy: Policy = match policy {
             None => Policy::Vtc,
-            Some(p) => p.cast::<PyString>().map_err(|_| type_error("policy", "a str", p))?.to_str()?.parse()?,
+            Some(p) => p
+                .cast::<PyString>()
+                .map_err(|_| type_error("policy", "a str", p))?
+                .to_str()?
+                .parse()?,
         };
         let core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
         Ok(PyScheduler {
-            inner: Mutex::new(Inner { core, ints: HashMap::new(), strs: HashMap::new(), keys: Vec::new() }),
+            inner: Mutex::new(Inner {
+                core,
+                ints: HashMap::new(),
+                strs: HashMap::new(),
+                keys: Vec::new(),
+            }),
         })
     }
 
@@ -249,7 +266,12 @@ impl PyScheduler {
         self.lock(py).core.num_clients()
     }
 
-    fn set_weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>, weight: &Bound<'_, PyAny>) -> Result<()> {
+    fn set_weight(
+        &self,
+        py: Python<'_>,
+        client: &Bound<'_, PyAny>,
+        weight: &Bound<'_, PyAny>,
+    ) -> Result<()> {
         let key = client_arg(client)?;
         let w = float_arg("weight", weight)?;
         if !(w.is_finite() && w > 0.0) {
@@ -288,7 +310,13 @@ impl PyScheduler {
         })
     }
 
-    fn submit(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>, client: &Bound<'_, PyAny>, prompt_len: &Bound<'_, PyAny>) -> Result<()> {
+    fn submit(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        client: &Bound<'_, PyAny>,
+        prompt_len: &Bound<'_, PyAny>,
+    ) -> Result<()> {
         let rid = request_id_arg(request_id)?;
         let key = client_arg(client)?;
         let prompt = i64_arg("prompt_len", prompt_len)?;
@@ -310,10 +338,17 @@ impl PyScheduler {
     }
 
     #[pyo3(signature = (request_ids = None, tokens = None))]
-    fn decode<'py>(&self, py: Python<'py>, request_ids: Option<&Bound<'py, PyAny>>, tokens: Option<&Bound<'py, PyAny>>) -> Result<Bound<'py, PyList>> {
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+    ) -> Result<Bound<'py, PyList>> {
         let Some(ids) = request_ids else {
             if tokens.is_some() {
-                return Err(Error::Py(PyTypeError::new_err("tokens given without request_ids")));
+                return Err(Error::Py(PyTypeError::new_err(
+                    "tokens given without request_ids",
+                )));
             }
             let mut preempted = Vec::new();
             let mut g = self.lock(py);
@@ -328,7 +363,10 @@ impl PyScheduler {
         };
         let rids = int_vec("request_ids", ids)?
             .into_iter()
-            .map(|v| u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}"))))
+            .map(|v| {
+                u64::try_from(v)
+                    .map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
+            })
             .collect::<Result<Vec<u64>>>()?;
         enum Toks {
             Each(i64),
@@ -342,7 +380,10 @@ impl PyScheduler {
             Some(t) => Toks::Per(
                 int_vec("tokens", t)?
                     .into_iter()
-                    .map(|v| i64::try_from(v).map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits"))))
+                    .map(|v| {
+                        i64::try_from(v)
+                            .map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits")))
+                    })
                     .collect::<Result<Vec<i64>>>()?,
             ),
         };
@@ -386,7 +427,11 @@ impl PyScheduler {
         self.lock(py).core.pop()
     }
 
-    fn status(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<Option<&'static str>> {
+    fn status(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> Result<Option<&'static str>> {
         let rid = request_id_arg(request_id)?;
         Ok(self.lock(py).core.status(rid).map(|s| match s {
             RequestState::Waiting => "waiting",
@@ -423,22 +468,37 @@ impl PyScheduler {
 
     fn _check_invariants(&self, py: Python<'_>) -> Result<()> {
         let g = self.lock(py);
-        g.core.check_invariants().map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
+        g.core
+            .check_invariants()
+            .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
         if g.keys.len() != g.core.num_clients() || g.ints.len() + g.strs.len() != g.keys.len() {
-            return Err(Error::Py(pyo3::exceptions::PyAssertionError::new_err("client interning out of sync")));
+            return Err(Error::Py(pyo3::exceptions::PyAssertionError::new_err(
+                "client interning out of sync",
+            )));
         }
         Ok(())
     }
 }
 
 impl PyScheduler {
-    fn per_client<'py>(&self, py: Python<'py>, f: impl Fn(&vtc_core::Client) -> f64) -> PyResult<Bound<'py, PyDict>> {
+    fn per_client<'py>(
+        &self,
+        py: Python<'py>,
+        f: impl Fn(&vtc_core::Client) -> f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let values: Vec<(Key, f64)> = {
             let g = self.lock(py);
             g.keys
                 .iter()
                 .enumerate()
-                .map(|(i, k)| (k.clone(), f(g.core.client(ClientId(i as u32)).expect("interned client exists"))))
+                .map(|(i, k)| {
+                    (
+                        k.clone(),
+                        f(g.core
+                            .client(ClientId(i as u32))
+                            .expect("interned client exists")),
+                    )
+                })
                 .collect()
         };
         let d = PyDict::new(py);

@@ -1,0 +1,135 @@
+# Hand-kept stub for the compiled module vtc._core (rust/python/src/lib.rs).
+# Keep every signature here in step with the #[pyo3(signature = ...)] there.
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+MAX_TOKENS_PER_CALL: int
+
+ClientKey = int | str
+IntArray = Sequence[int] | npt.NDArray[np.integer]
+
+class SchedulerError(Exception):
+    """Base class of every error vtc raises. The scheduler is unchanged after any of them."""
+
+class InvalidArgumentError(SchedulerError, ValueError):
+    """An argument has a value the scheduler cannot accept (M, weights, lengths, policy)."""
+
+class DuplicateRequestError(SchedulerError, ValueError):
+    """The request id is already waiting or running."""
+
+class UnknownRequestError(SchedulerError, KeyError):
+    """The request id is neither waiting nor running."""
+
+class RequestStateError(SchedulerError, ValueError):
+    """The request is in the wrong state for the operation (e.g. finishing a waiting one)."""
+
+class CapacityError(SchedulerError):
+    """The last running request alone cannot grow within M; finish or cancel it."""
+
+class Scheduler:
+    """The Virtual Token Counter scheduler (Sheng et al., OSDI '24).
+
+    Each client has a virtual counter of the weighted service it received:
+    ``wp`` per prompt token, charged when a request is first admitted, and
+    ``wq`` per generated token, charged as generated; every charge is divided
+    by the client's weight. ``schedule()`` admits the oldest waiting request of
+    the backlogged client with the least counter until the next one would not
+    fit in the KV budget ``M`` (no skipping). A client that submits while it
+    has nothing waiting is lifted to the least counter of the backlogged
+    clients, so idle time cannot be banked.
+
+    ``policy``: ``"vtc"``; ``"lcf"`` (least counter first without the lift);
+    ``"fcfs"`` (global submit order). Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        M: int,
+        wp: float = 1.0,
+        wq: float = 2.0,
+        policy: Literal["vtc", "lcf", "fcfs"] = "vtc",
+    ) -> None: ...
+    @property
+    def M(self) -> int:
+        """KV budget in tokens: prompt + generated tokens of all running requests."""
+    @property
+    def wp(self) -> float:
+        """Weight of a prompt (prefill) token."""
+    @property
+    def wq(self) -> float:
+        """Weight of a generated (decode) token."""
+    @property
+    def policy(self) -> str:
+        """``"vtc"``, ``"lcf"`` or ``"fcfs"``."""
+    @property
+    def occupancy(self) -> int:
+        """Tokens held by running requests (prompt + generated)."""
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting to be admitted."""
+    @property
+    def num_running(self) -> int:
+        """Requests admitted and not yet finished, cancelled or preempted."""
+    @property
+    def num_clients(self) -> int:
+        """Clients the scheduler has seen (by submit or set_weight)."""
+    def set_weight(self, client: ClientKey, weight: float) -> None:
+        """Weighted VTC: every later charge to ``client`` is divided by ``weight`` (> 0, finite)."""
+    def weight(self, client: ClientKey) -> float:
+        """The client's weight (1.0 for a client never seen)."""
+    def counter(self, client: ClientKey) -> float:
+        """The client's virtual counter: service received plus lifts (0.0 if never seen)."""
+    def service(self, client: ClientKey) -> float:
+        """Weighted service actually delivered to the client, without lifts."""
+    def counters(self) -> dict[ClientKey, float]:
+        """Every client's virtual counter."""
+    def services(self) -> dict[ClientKey, float]:
+        """Every client's delivered weighted service."""
+    def clients(self) -> list[ClientKey]:
+        """Every client seen, in the order first seen."""
+    def submit(self, request_id: int, client: ClientKey, prompt_len: int) -> None:
+        """Queue a request. ``request_id`` must not be live; ``1 <= prompt_len <= M``.
+
+        A client with nothing waiting is first lifted to the floor (under ``"vtc"``).
+        """
+    def schedule(self) -> list[int]:
+        """Admit requests until the next does not fit in M; returns them in admission order."""
+    def decode(
+        self, request_ids: IntArray | None = None, tokens: int | IntArray | None = None
+    ) -> list[int]:
+        """Charge generated tokens.
+
+        Without arguments: one engine iteration, every running request generates
+        one token; requests are preempted first if the batch would outgrow M (from
+        the most-served client), and their ids are returned.
+
+        With ``request_ids`` (a sequence or numpy array): engine form, request
+        ``request_ids[i]`` generated ``tokens[i]`` tokens (``tokens`` may be one
+        int for all; default 1). No capacity check; returns ``[]``. All or nothing.
+        """
+    def finish(self, request_id: int) -> None:
+        """A running request is done: its prompt + generated tokens leave the KV budget."""
+    def cancel(self, request_id: int) -> None:
+        """Drop a waiting request, or abort a running one (releasing its tokens)."""
+    def preempt(self, request_id: int) -> None:
+        """Evict a running request back to the head of its client's queue.
+
+        Its tokens leave the budget; it is not charged again when re-admitted.
+        """
+    def peek(self) -> int | None:
+        """The request the policy would admit next, without admitting it."""
+    def pop(self) -> int | None:
+        """Engine mode: admit the request ``peek()`` names, without the KV check."""
+    def status(self, request_id: int) -> Literal["waiting", "running"] | None:
+        """Where a request is; None once finished or cancelled (or never seen)."""
+    def generated(self, request_id: int) -> int:
+        """Tokens a live request has generated so far."""
+    def running(self) -> list[int]:
+        """Running request ids, oldest admission first."""
+    def _check_invariants(self) -> None:
+        """Raise AssertionError if an internal invariant is broken (tests)."""

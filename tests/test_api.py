@@ -1,0 +1,300 @@
+"""Behaviour of the public Python API: the contract engines and tools drive."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import vtc
+from helpers import run_engine, state
+
+
+def test_import_and_defaults():
+    s = vtc.Scheduler(M=8192)
+    assert (s.M, s.wp, s.wq, s.policy) == (8192, 1.0, 2.0, "vtc")
+    assert repr(s) == "Scheduler(M=8192, wp=1.0, wq=2.0, policy='vtc')"
+    assert isinstance(vtc.__version__, str) and vtc.__version__.count(".") == 2
+    assert (s.occupancy, s.num_waiting, s.num_running) == (0, 0, 0)
+    assert s.counter("never-seen") == 0.0 and s.service(12345) == 0.0
+    assert s.schedule() == [] and s.peek() is None and s.pop() is None
+
+
+def test_prefill_charged_at_admission_and_decode_as_generated():
+    s = vtc.Scheduler(M=1000, wp=1.0, wq=2.0)
+    s.submit(1, "a", 100)
+    assert s.counter("a") == 0.0  # nothing charged while waiting
+    assert s.schedule() == [1]
+    assert s.counter("a") == 100.0 and s.occupancy == 100
+    s.decode()
+    s.decode()
+    assert s.counter("a") == 104.0 and s.service("a") == 104.0
+    assert s.occupancy == 102 and s.generated(1) == 2
+    s.finish(1)
+    assert s.occupancy == 0 and s.num_running == 0 and s.status(1) is None
+
+
+def test_least_counter_first_with_fifo_within_client_and_seq_tiebreak():
+    s = vtc.Scheduler(M=10_000)
+    s.submit(1, "a", 10)
+    s.submit(2, "a", 10)
+    s.submit(3, "b", 10)
+    s.submit(4, "c", 10)
+    # all counters 0: ties go to the client whose head was submitted first; after
+    # a's first admission a is the most served, so b and c come before a's second.
+    assert s.schedule() == [1, 3, 4, 2]
+
+
+def test_admission_stops_at_first_request_that_does_not_fit():
+    s = vtc.Scheduler(M=100)
+    s.submit(1, "a", 60)
+    s.submit(2, "b", 50)  # does not fit after 1
+    s.submit(3, "c", 10)  # would fit, but no skipping
+    assert s.schedule() == [1]
+    assert s.num_waiting == 2 and s.occupancy == 60
+
+
+def test_fcfs_is_global_submit_order_and_lcf_has_no_lift():
+    f = vtc.Scheduler(M=10_000, policy="fcfs")
+    for rid, c in enumerate(["a", "a", "b", "a", "c"]):
+        f.submit(rid, c, 5)
+    assert f.schedule() == [0, 1, 2, 3, 4]
+
+    for policy, expected_b in (("vtc", 500.0), ("lcf", 0.0)):
+        s = vtc.Scheduler(M=10_000, policy=policy)
+        s.submit(1, "a", 500)
+        s.schedule()
+        s.submit(2, "a", 500)  # a is backlogged with counter 500
+        s.submit(3, "b", 10)  # b returns: lifted to 500 under vtc only
+        assert s.counter("b") == expected_b
+
+
+def test_weights_divide_every_charge():
+    s = vtc.Scheduler(M=10_000, wp=1.0, wq=2.0)
+    s.set_weight("gold", 4.0)
+    assert s.weight("gold") == 4.0 and s.weight("other") == 1.0
+    s.submit(1, "gold", 400)
+    s.submit(2, "other", 400)
+    s.schedule()
+    s.decode(np.array([1, 2]), np.array([10, 10]))
+    assert s.counter("gold") == pytest.approx((400 + 20) / 4)
+    assert s.counter("other") == pytest.approx(420)
+
+
+def test_idle_client_does_not_monopolize_after_returning():
+    """The design note's second experiment, in miniature.
+
+    a and b are both overloaded; a goes quiet for a long time and comes back.
+    Under VTC a is placed at the floor of the active clients and then shares
+    the machine about evenly; without the lift (lcf) a's stale counter is a
+    bank of credit and it takes nearly everything.
+    """
+    results = {}
+    for policy in ("vtc", "lcf"):
+        s = vtc.Scheduler(M=400, wp=1.0, wq=2.0, policy=policy)
+        outputs = {}
+        rid = 0
+
+        def submit(client, n, s=s, outputs=outputs):
+            nonlocal rid
+            for _ in range(n):
+                rid += 1
+                s.submit(rid, client, 20)
+                outputs[rid] = 10
+
+        submit("a", 5)
+        submit("b", 5000)
+        run_engine(s, 20, outputs)
+        # a's 5 requests are done: a is idle while b keeps the machine busy.
+        run_engine(s, 1000, outputs)
+        assert s.service("b") > 20 * s.service("a")
+        b_counter = s.counter("b")
+        submit("a", 2000)  # a returns, overloaded
+        if policy == "vtc":
+            # placed at the minimum counter of the backlogged clients: b's
+            assert s.counter("a") == b_counter
+        before = {c: s.service(c) for c in ("a", "b")}
+        run_engine(s, 300, outputs)
+        assert s.num_waiting > 1000  # both stayed backlogged throughout
+        got = {c: s.service(c) - before[c] for c in ("a", "b")}
+        results[policy] = got["a"] / (got["a"] + got["b"])
+    assert 0.40 <= results["vtc"] <= 0.60, results
+    assert results["lcf"] > 0.95, results
+
+
+def test_peek_pop_engine_mode_has_no_kv_check():
+    s = vtc.Scheduler(M=100)
+    s.submit(1, "a", 80)
+    s.submit(2, "b", 80)
+    assert s.peek() == 1
+    assert s.pop() == 1
+    assert s.peek() == 2 and s.schedule() == []  # schedule() respects M
+    assert s.pop() == 2  # pop() does not
+    assert s.occupancy == 160
+
+
+def test_preempt_returns_to_head_without_charging_again():
+    s = vtc.Scheduler(M=1000, wp=1.0, wq=1.0)
+    s.submit(1, "a", 100)
+    s.submit(2, "a", 100)
+    s.schedule()
+    s.decode([1, 2], [5, 5])
+    assert s.counter("a") == 210
+    s.preempt(2)
+    assert s.status(2) == "waiting" and s.occupancy == 105
+    assert s.peek() == 2
+    assert s.schedule() == [2]
+    assert s.counter("a") == 210  # prompt not charged again
+    assert s.occupancy == 210  # footprint on re-admission is prompt + generated
+
+
+def test_decode_preempts_latest_admitted_when_batch_would_outgrow_M():
+    s = vtc.Scheduler(M=30)
+    for rid in range(3):
+        s.submit(rid, rid, 10)
+    assert s.schedule() == [0, 1, 2]
+    assert s.occupancy == 30
+    assert s.decode() == [2]  # 30 + 3 > 30: the latest admission goes back
+    assert s.running() == [0, 1] and s.occupancy == 22
+    assert s.status(2) == "waiting"
+
+
+def test_capacity_error_when_lone_request_cannot_grow():
+    s = vtc.Scheduler(M=10)
+    s.submit(1, "a", 10)
+    s.schedule()
+    before = state(s, [1])
+    with pytest.raises(vtc.CapacityError, match="request 1 holds 10 tokens"):
+        s.decode()
+    assert state(s, [1]) == before
+
+
+def test_cancel_waiting_and_running():
+    s = vtc.Scheduler(M=100)
+    s.submit(1, "a", 50)
+    s.submit(2, "a", 50)
+    s.submit(3, "a", 50)
+    assert s.schedule() == [1, 2]
+    s.cancel(3)  # waiting
+    s.cancel(1)  # running (an abort)
+    assert s.occupancy == 50 and s.running() == [2] and s.num_waiting == 0
+    assert s.status(1) is None and s.status(3) is None
+    s.submit(3, "a", 10)  # a cancelled id may be reused
+    assert s.status(3) == "waiting"
+
+
+BAD_CALLS = [
+    ("submit", (10, "a", 0), vtc.InvalidArgumentError, "prompt_len must be >= 1, got 0"),
+    ("submit", (10, "a", -4), ValueError, "-4"),
+    ("submit", (10, "a", 101), ValueError, "prompt_len 101 exceeds the KV budget M=100"),
+    ("submit", (1, "b", 5), vtc.DuplicateRequestError, "request 1 is already live"),
+    ("submit", (2, "b", 5), ValueError, "request 2 is already live"),
+    ("submit", (-1, "b", 5), ValueError, "-1"),
+    ("submit", (10, 1.5, 5), TypeError, "1.5"),
+    ("submit", (10, None, 5), TypeError, "None"),
+    ("submit", (10, "a", "5"), TypeError, "'5'"),
+    ("submit", (10, "a", 2.0), TypeError, "2.0"),
+    ("finish", (77,), KeyError, "unknown request 77"),
+    ("finish", (2,), vtc.RequestStateError, "cannot finish request 2: it is waiting"),
+    ("cancel", (77,), vtc.UnknownRequestError, "77"),
+    ("preempt", (2,), vtc.RequestStateError, "2"),
+    ("set_weight", ("a", 0.0), ValueError, "weight must be a positive finite number, got 0"),
+    ("set_weight", ("new", -1), ValueError, "-1"),
+    ("set_weight", ("a", float("nan")), ValueError, "NaN"),
+    ("set_weight", ("a", float("inf")), ValueError, "inf"),
+    ("set_weight", ("a", "heavy"), TypeError, "heavy"),
+    ("decode", ([1], [-1]), ValueError, "tokens must be >= 0, got -1"),
+    ("decode", ([1, 2], [1, 1]), vtc.RequestStateError, "cannot decode request 2"),
+    ("decode", ([1, 1], [1, 1]), ValueError, "request 1 appears twice"),
+    ("decode", ([1], [1, 2]), ValueError, "differ in length: 1 != 2"),
+    ("decode", ([1, 99], 1), KeyError, "99"),
+    ("decode", (np.zeros((2, 2), dtype=np.int64), 1), TypeError, "1-d integer array"),
+]
+
+
+@pytest.mark.parametrize("op,args,exc,msg", BAD_CALLS, ids=[f"{b[0]}{b[1]!r}" for b in BAD_CALLS])
+def test_bad_input_raises_and_leaves_state_untouched(op, args, exc, msg):
+    s = vtc.Scheduler(M=100)
+    s.set_weight("a", 2.0)
+    s.submit(1, "a", 40)
+    s.schedule()
+    s.decode()
+    s.submit(2, "a", 70)  # waiting: does not fit
+    before = state(s, [1, 2, 10])
+    clients_before = s.num_clients
+    with pytest.raises(exc) as info:
+        getattr(s, op)(*args)
+    assert isinstance(info.value, (vtc.SchedulerError, TypeError))
+    assert msg in str(info.value)
+    assert state(s, [1, 2, 10]) == before
+    assert s.num_clients == clients_before
+    s._check_invariants()
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,msg",
+    [
+        ({"M": 0}, vtc.InvalidArgumentError, "M must be"),
+        ({"M": -5}, ValueError, "-5"),
+        ({"M": 10, "policy": "wfq"}, ValueError, "unknown policy \"wfq\""),
+        ({"M": 10, "wp": -1.0}, ValueError, "wp must be a finite number >= 0, got -1"),
+        ({"M": 10, "wq": float("nan")}, ValueError, "wq"),
+        ({"M": "big"}, TypeError, "'big'"),
+        ({"M": 10, "policy": 3}, TypeError, "policy must be a str"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, exc, msg):
+    with pytest.raises(exc, match=None) as info:
+        vtc.Scheduler(**kwargs)
+    assert msg in str(info.value)
+
+
+def test_client_keys_int_and_str_are_distinct():
+    s = vtc.Scheduler(M=1000)
+    s.submit(1, 1, 10)
+    s.submit(2, "1", 20)
+    s.schedule()
+    assert s.counters() == {1: 10.0, "1": 20.0}
+    assert s.clients() == [1, "1"]
+
+
+def test_numpy_integer_arguments_are_accepted():
+    s = vtc.Scheduler(M=np.int64(1000))
+    s.submit(np.int64(5), "a", np.int32(10))
+    assert s.schedule() == [5]
+
+
+def test_threads_submitting_while_engine_schedules():
+    s = vtc.Scheduler(M=5_000)
+    n_threads, per_thread = 4, 2_000
+    done = threading.Event()
+
+    def api(t):
+        for i in range(per_thread):
+            s.submit(t * per_thread + i, f"tenant-{t}", 1 + i % 20)
+
+    def engine():
+        finished = 0
+        while not done.is_set() or s.num_waiting or s.num_running:
+            s.schedule()
+            if s.num_running:
+                s.decode()
+                for rid in s.running()[:8]:
+                    s.finish(rid)
+                    finished += 1
+        results.append(finished)
+
+    results: list[int] = []
+    threads = [threading.Thread(target=api, args=(t,)) for t in range(n_threads)]
+    eng = threading.Thread(target=engine)
+    eng.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    eng.join(timeout=120)
+    assert not eng.is_alive()
+    assert results == [n_threads * per_thread]  # nothing lost or duplicated
+    s._check_invariants()
