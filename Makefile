@@ -24,10 +24,12 @@ dev: $(BIN)/python
 test: dev
 	cargo test -p vtc-core
 	$(BIN)/python -m pytest -q
-	$(MAKE) lint
+	$(BIN)/ruff check .
+	cargo clippy -p vtc-core -p vtc-python --all-targets -- -D warnings
 
+## lint: ruff and clippy only
 lint: dev
-	$(BIN)/ruff check python tests bench
+	$(BIN)/ruff check .
 	cargo clippy -p vtc-core -p vtc-python --all-targets -- -D warnings
 
 ## bench: benchmarks (pytest-benchmark and cargo bench); results in bench/results
