@@ -1,0 +1,110 @@
+"""Per-operation latency of vtc.Scheduler from Python, as C (clients) and B
+(running batch) grow.
+
+Every scheduler here has C clients, all backlogged, and a steady running
+batch; prompts are 256 tokens so that the budget admits a known batch.
+
+* ``submit``: a new request for a random client (the backlog grows by the
+  number of rounds, a negligible fraction of it).
+* ``schedule``: admits exactly one request (set-up finishes the oldest
+  running request first, freeing one prompt's worth of budget).
+* ``finish``: the oldest running request (set-up admits one first).
+* ``decode``: ``decode(ids, 1)`` for a batch of B running requests given as
+  a numpy int64 array; the B requests belong to min(B, C) distinct clients.
+"""
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+import vtc
+
+P = 256  # every prompt
+CS = [10, 1_000, 100_000]
+BS = [64, 256, 1024]
+K = 256  # running requests in the submit/schedule/finish scheduler
+
+
+class State:
+    """A scheduler with C backlogged clients (``per_client`` waiting each)
+    and ``running`` admitted requests."""
+
+    def __init__(self, C: int, running: int, per_client: int) -> None:
+        self.s = vtc.Scheduler(running * P, 1.0, 2.0)
+        self.C = C
+        self.rid = 0
+        self.rng = np.random.default_rng(C)
+        for _ in range(per_client):
+            for c in range(C):
+                self.submit(c)
+        self.running = deque(self.s.schedule())
+        assert len(self.running) == running
+
+    def submit(self, c: int) -> None:
+        self.s.submit(self.rid, c, P)
+        self.rid += 1
+
+
+_cache: dict = {}
+
+
+def state(C: int) -> State:
+    if C not in _cache:
+        _cache[C] = State(C, K, per_client=max(2, -(-4 * K // C)))
+    return _cache[C]
+
+
+@pytest.mark.parametrize("C", CS)
+def test_submit(benchmark, C):
+    st = state(C)
+    clients = iter(st.rng.integers(0, C, size=1_000_000).tolist())
+
+    def setup():
+        st.rid += 1
+        return (st.rid - 1, next(clients), P), {}
+
+    benchmark.group = "submit"
+    benchmark.pedantic(st.s.submit, setup=setup, rounds=20_000, iterations=1)
+
+
+@pytest.mark.parametrize("C", CS)
+def test_schedule_one(benchmark, C):
+    st = state(C)
+    s = st.s
+
+    def setup():
+        s.finish(st.running.popleft())
+        st.submit(int(st.rng.integers(0, C)))
+
+    def run():
+        st.running.extend(s.schedule())
+
+    benchmark.group = "schedule (admits 1)"
+    benchmark.pedantic(run, setup=setup, rounds=20_000, iterations=1)
+    assert len(st.running) == K
+
+
+@pytest.mark.parametrize("C", CS)
+def test_finish(benchmark, C):
+    st = state(C)
+    s = st.s
+
+    def setup():
+        st.submit(int(st.rng.integers(0, C)))
+        st.running.extend(s.schedule())
+        return (st.running.popleft(),), {}
+
+    benchmark.group = f"finish (oldest of B={K})"
+    benchmark.pedantic(s.finish, setup=setup, rounds=20_000, iterations=1)
+
+
+@pytest.mark.parametrize("B", BS)
+@pytest.mark.parametrize("C", CS)
+def test_decode(benchmark, C, B):
+    st = State(C, B, per_client=max(2, -(-2 * B // C)))
+    ids = np.array(sorted(st.running), dtype=np.int64)
+    s = st.s
+    benchmark.group = f"decode B={B}"
+    benchmark.extra_info["distinct_clients"] = min(B, C)
+    benchmark.pedantic(s.decode, args=(ids, 1), rounds=3_000, iterations=1, warmup_rounds=10)

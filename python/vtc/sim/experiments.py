@@ -1,0 +1,385 @@
+"""The experiments of the design note and the VTC paper, one function each.
+
+Every experiment takes :class:`Options` and returns a
+:class:`~vtc.sim.report.Report` (tables plus the runs worth plotting).  The
+design note's setup is the default: ``M = 8192``, ``w_p = 1``, ``w_q = 2``,
+prompts ``U[64, 512]``, outputs ``U[32, 384]``, an RPM "minute" of 2000 steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from vtc.sim import metrics, workloads
+from vtc.sim.engine import SchedulerFactory, SimResult, simulate
+from vtc.sim.progress import Progress
+from vtc.sim.report import Panel, Report, Table
+from vtc.sim.workloads import Request
+
+TWO_OVERLOADED = (2.0, 1.0)  # loads (x capacity) of the two permanently overloaded clients
+KV_SWEEP = (2048, 4096, 8192, 16384, 32768)
+RPM_SWEEP = (5, 20, 40, 80, None)
+TRACE_RPMS = (5, 20)
+WEIGHTS = (1.0, 2.0, 3.0, 4.0)
+
+
+@dataclass
+class Options:
+    """Knobs shared by the experiments; ``None`` means the experiment's own default."""
+
+    steps: int | None = None
+    seed: int = 0
+    M: int | None = None
+    wp: float = 1.0
+    wq: float = 2.0
+    minute: int = 2000
+    trace: str | os.PathLike | None = None
+    steps_per_second: float = 18.0
+    factory: SchedulerFactory | None = None
+    progress: bool | None = None
+
+    def run(
+        self,
+        label: str,
+        requests: Sequence[Request],
+        steps: int,
+        *,
+        M: int,
+        policy: str,
+        rpm: int | None = None,
+        minute: int | None = None,
+        weights: dict | None = None,
+    ) -> SimResult:
+        """:func:`~vtc.sim.engine.simulate` with these options and a progress bar."""
+        return simulate(
+            requests,
+            steps,
+            M=M,
+            wp=self.wp,
+            wq=self.wq,
+            policy=policy,
+            weights=weights,
+            rpm=rpm,
+            minute=self.minute if minute is None else minute,
+            factory=self.factory,
+            progress=Progress(label, steps, enabled=self.progress),
+        )
+
+
+def _drift_row(result: SimResult) -> dict:
+    drift = metrics.max_drift(result, 0, 1)
+    return {
+        "half_run_drift": metrics.max_drift(result, 0, 1, end=result.steps // 2),
+        "max_drift": drift,
+        "drift_over_2U": drift / (2 * metrics.result_u(result)),
+        "throughput": metrics.throughput(result),
+    }
+
+
+def drift(opts: Options) -> Report:
+    """Table 1: FCFS vs least-counter-first (no lift) vs VTC, two clients permanently overloaded.
+
+    Client 0 sends at twice capacity, client 1 at capacity, both from step 0.
+    VTC must stay within ``2U``; FCFS drift grows for as long as the run
+    (``half_run_drift`` is the max drift over the first half of the run).
+    """
+    steps, M = opts.steps or 20000, opts.M or 8192
+    reqs = workloads.overloaded(TWO_OVERLOADED, steps, M, seed=opts.seed)
+    table = Table(
+        "drift",
+        f"Two permanently overloaded clients (M={M:,}, {steps:,} steps)",
+        ["scheduler", "half_run_drift", "max_drift", "drift_over_2U", "throughput"],
+    )
+    panels = []
+    for policy in ("fcfs", "lcf", "vtc"):
+        res = opts.run(f"drift {policy}", reqs, steps, M=M, policy=policy)
+        table.rows.append({"scheduler": policy, **_drift_row(res)})
+        panels.append(Panel(policy, res))
+    return Report([table], panels)
+
+
+def returning(opts: Options, window: int = 600, quiet: int = 2000) -> Report:
+    """Table 2: the returning client.
+
+    Client 0 sends under its share, is silent for ``quiet`` steps, then comes
+    back overloaded at ``steps - window``; client 1 is overloaded throughout.
+    Measured over the ``window`` steps after the return: client 0's share of
+    the service and the service client 1 received.
+    """
+    steps, M = opts.steps or 6600, opts.M or 8192
+    ret = steps - window
+    reqs = workloads.returning(steps, M, return_step=ret, quiet=quiet, seed=opts.seed)
+    table = Table(
+        "returning",
+        f"Returning client, {window} steps after its return (M={M:,})",
+        ["scheduler", "returning_share", "steady_service"],
+    )
+    panels, zoom = [], []
+    for policy in ("fcfs", "lcf", "vtc"):
+        res = opts.run(f"returning {policy}", reqs, steps, M=M, policy=policy)
+        steady = metrics.service(res, 1)
+        table.rows.append(
+            {
+                "scheduler": policy,
+                "returning_share": metrics.shares(res, ret, steps)[0],
+                "steady_service": float(steady[steps] - steady[ret]),
+            }
+        )
+        mark = [(ret, "client 0 returns")]
+        names = {0: "client 0 (returning)", 1: "client 1 (steady)"}
+        panels.append(
+            Panel(policy, res, marks=mark, shade=(ret - quiet, ret, "silent"), labels=names)
+        )
+        zoom.append(
+            Panel(f"{policy}: service since the return", res, mark, zoom=(ret, steps), labels=names)
+        )
+    return Report([table], panels + zoom)
+
+
+def kv_sweep(opts: Options, sizes: Sequence[int] = KV_SWEEP) -> Report:
+    """Table 3: VTC's max drift as the KV budget ``M`` grows, against ``2 * w_q * M``.
+
+    Two workloads: ``note`` is table 1's (random lengths, both clients from
+    step 0); ``incumbent`` is the batch-commitment case behind the lower
+    bound (client 0's backlog fills the whole first batch before client 1
+    arrives; fixed 64-token prompts and 256-token outputs).
+    """
+    steps = opts.steps or 20000
+    table = Table(
+        "kv_sweep",
+        f"VTC max drift vs KV budget ({steps:,} steps)",
+        ["workload", "M", "max_drift", "two_wq_M", "drift_over_2U", "drift_over_service"],
+    )
+    panels = []
+    gens: dict[str, Callable[[int], list[Request]]] = {
+        "note": lambda M: workloads.overloaded(TWO_OVERLOADED, steps, M, seed=opts.seed),
+        "incumbent": lambda M: workloads.incumbent(steps, M, seed=opts.seed),
+    }
+    for name, gen in gens.items():
+        for M in sizes:
+            res = opts.run(f"kv-sweep {name} M={M}", gen(M), steps, M=M, policy="vtc")
+            row = _drift_row(res)
+            total = sum(float(metrics.service(res, c)[steps]) for c in (0, 1))
+            table.rows.append(
+                {
+                    "workload": name,
+                    "M": M,
+                    "max_drift": row["max_drift"],
+                    "two_wq_M": 2 * opts.wq * M,
+                    "drift_over_2U": row["drift_over_2U"],
+                    "drift_over_service": row["max_drift"] / total,
+                }
+            )
+            if name == "incumbent":
+                panels.append(Panel(f"incumbent, M={M:,}", res))
+    return Report([table], panels)
+
+
+def rpm_sweep(opts: Options, limits: Sequence[int | None] = RPM_SWEEP) -> Report:
+    """Table 4: an RPM quota in front of FCFS, drift vs throughput, with VTC for reference.
+
+    Table 1's workload; a "minute" is ``opts.minute`` steps; ``None`` is no
+    limit (plain FCFS).
+    """
+    steps, M = opts.steps or 20000, opts.M or 8192
+    reqs = workloads.overloaded(TWO_OVERLOADED, steps, M, seed=opts.seed)
+    table = Table(
+        "rpm_sweep",
+        f"RPM limit vs VTC (M={M:,}, minute = {opts.minute:,} steps, {steps:,} steps)",
+        ["scheduler", "rpm", "max_drift", "throughput"],
+    )
+    panels = []
+    for rpm in limits:
+        res = opts.run(f"rpm-sweep rpm={rpm}", reqs, steps, M=M, policy="fcfs", rpm=rpm)
+        row = _drift_row(res)
+        table.rows.append(
+            {
+                "scheduler": "fcfs" if rpm is None else "fcfs+rpm",
+                "rpm": "unlimited" if rpm is None else rpm,
+                "max_drift": row["max_drift"],
+                "throughput": row["throughput"],
+            }
+        )
+        panels.append(Panel("no limit" if rpm is None else f"RPM {rpm}", res))
+    res = opts.run("rpm-sweep vtc", reqs, steps, M=M, policy="vtc")
+    row = _drift_row(res)
+    table.rows.append(
+        {
+            "scheduler": "vtc",
+            "rpm": None,
+            "max_drift": row["max_drift"],
+            "throughput": row["throughput"],
+        }
+    )
+    panels.append(Panel("vtc", res))
+    return Report([table], panels)
+
+
+def trace(opts: Options) -> Report:
+    """The real trace (27 clients, ~600 s) under FCFS, LCF, VTC and RPM 5 / 20.
+
+    Arrival seconds become steps at ``opts.steps_per_second`` (default 18:
+    the trace then offers ~1.3x what the engine serves, close to the paper's
+    A10G run, 981 tokens/s offered for 777 served).  The run ends with the
+    last arrival (``--steps`` cuts it shorter).  Service difference uses 60 s
+    windows and is in weighted tokens per second; the RPM minute is 60 s of
+    trace time.  Latency: first-token latency in seconds of requests admitted
+    during the run, for the clients that sent more requests than the average
+    client ("heavy") and the others ("light").
+    """
+    sps = opts.steps_per_second
+    M = opts.M or 10000
+    reqs = workloads.load_trace(workloads.find_trace(opts.trace), sps)
+    steps = min(opts.steps or reqs[-1].arrival + 1, reqs[-1].arrival + 1)
+    minute = round(60 * sps)
+    counts: dict = {}
+    for r in reqs:
+        counts[r.client] = counts.get(r.client, 0) + 1
+    heavy = [c for c, k in counts.items() if k > len(reqs) / len(counts)]
+    light = [c for c in counts if c not in heavy]
+    table = Table(
+        "trace",
+        f"Chatbot Arena trace, {len(counts)} clients, {len(reqs):,} requests "
+        f"(M={M:,}, {sps:g} steps/s, {steps:,} steps)",
+        [
+            "scheduler",
+            "max_diff",
+            "avg_diff",
+            "diff_var",
+            "throughput",
+            "throughput_tok_s",
+            "admitted",
+        ],
+    )
+    lat = Table(
+        "trace_latency",
+        f"First-token latency (s) on the trace: {len(heavy)} heavy clients vs {len(light)} light",
+        ["scheduler", "heavy_ttft_p50", "heavy_ttft_p99", "light_ttft_p50", "light_ttft_p99"],
+    )
+    panels = []
+    runs = [("fcfs", "fcfs", None), ("lcf", "lcf", None), ("vtc", "vtc", None)]
+    runs += [(f"rpm{k}", "fcfs", k) for k in TRACE_RPMS]
+    for name, policy, rpm in runs:
+        res = opts.run(f"trace {name}", reqs, steps, M=M, policy=policy, rpm=rpm, minute=minute)
+        diff = metrics.service_difference(res, window=minute) * sps
+        tput = metrics.throughput(res)
+        table.rows.append(
+            {
+                "scheduler": name,
+                "max_diff": float(diff.max()),
+                "avg_diff": float(diff.mean()),
+                "diff_var": float(diff.var()),
+                "throughput": tput,
+                "throughput_tok_s": tput * sps,
+                "admitted": float(np.mean(np.array(res.first_admit) >= 0)),
+            }
+        )
+        hv, lt = metrics.ttft(res, heavy) / sps, metrics.ttft(res, light) / sps
+        lat.rows.append(
+            {
+                "scheduler": name,
+                "heavy_ttft_p50": metrics.percentile(hv, 50),
+                "heavy_ttft_p99": metrics.percentile(hv, 99),
+                "light_ttft_p50": metrics.percentile(lt, 50),
+                "light_ttft_p99": metrics.percentile(lt, 99),
+            }
+        )
+        panels.append(Panel(name, res))
+    return Report([table, lat], panels)
+
+
+def weighted(opts: Options, weights: Sequence[float] = WEIGHTS) -> Report:
+    """Weighted VTC: overloaded clients with weights 1:2:3:4 get service in that ratio.
+
+    Every client sends at capacity (all are over their share).  ``share`` is
+    the client's fraction of weighted tokens over the run; first-token
+    latencies are in steps.
+    """
+    steps, M = opts.steps or 20000, opts.M or 8192
+    reqs = workloads.overloaded([1.0] * len(weights), steps, M, seed=opts.seed)
+    ws = dict(enumerate(weights))
+    res = opts.run("weighted vtc", reqs, steps, M=M, policy="vtc", weights=ws)
+    share = metrics.shares(res)
+    table = Table(
+        "weighted",
+        f"Weighted VTC, {len(ws)} overloaded clients (M={M:,}, {steps:,} steps)",
+        ["client", "weight", "share", "expected_share", "ttft_p50", "ttft_p99"],
+    )
+    for c, w in ws.items():
+        lat = metrics.ttft(res, [c])
+        table.rows.append(
+            {
+                "client": c,
+                "weight": w,
+                "share": share[c],
+                "expected_share": w / sum(weights),
+                "ttft_p50": metrics.percentile(lat, 50),
+                "ttft_p99": metrics.percentile(lat, 99),
+            }
+        )
+    return Report(
+        [table], [Panel("weighted vtc, weights " + ":".join(f"{w:g}" for w in weights), res)]
+    )
+
+
+def scenarios(opts: Options) -> Report:
+    """The paper's other workloads under FCFS and VTC: max pairwise drift, throughput, shares."""
+    steps, M, seed = opts.steps or 20000, opts.M or 8192, opts.seed
+    gens: dict[str, Callable[[], list[Request]]] = {
+        "overload-4": lambda: workloads.overloaded([0.5, 1.0, 1.5, 2.0], steps, M, seed=seed),
+        "proportional": lambda: workloads.proportional([1, 2, 3, 4], 1.5, steps, M, seed=seed),
+        "gamma-cv4": lambda: workloads.overloaded(
+            TWO_OVERLOADED, steps, M, arrival="gamma", cv=4.0, seed=seed
+        ),
+        "64/64-256/256": lambda: workloads.length_mix(
+            [(64, 64), (256, 256)], 1.0, steps, M, seed=seed
+        ),
+        "512/32-32/512": lambda: workloads.length_mix(
+            [(512, 32), (32, 512)], 1.0, steps, M, seed=seed
+        ),
+        "ramp": lambda: workloads.ramp(steps, M, seed=seed),
+        "phases": lambda: workloads.phases(
+            [[1.0, 0.2], [0.2, 1.0], [1.0, 1.0]], steps, M, seed=seed
+        ),
+    }
+    table = Table(
+        "scenarios",
+        f"Other workloads (M={M:,}, {steps:,} steps); shares in % of weighted tokens",
+        ["workload", "scheduler", "max_drift", "drift_over_2U", "throughput", "shares"],
+    )
+    panels = []
+    for name, gen in gens.items():
+        reqs = gen()
+        for policy in ("fcfs", "vtc"):
+            res = opts.run(f"{name} {policy}", reqs, steps, M=M, policy=policy)
+            drift = metrics.max_pair_drift(res)
+            share = metrics.shares(res)
+            table.rows.append(
+                {
+                    "workload": name,
+                    "scheduler": policy,
+                    "max_drift": drift,
+                    "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                    "throughput": metrics.throughput(res),
+                    "shares": [share[c] for c in res.clients],
+                }
+            )
+            if policy == "vtc":
+                panels.append(Panel(f"{name} (vtc)", res))
+    return Report([table], panels)
+
+
+EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
+    "drift": drift,
+    "returning": returning,
+    "kv-sweep": kv_sweep,
+    "rpm-sweep": rpm_sweep,
+    "trace": trace,
+    "weighted": weighted,
+    "scenarios": scenarios,
+}
