@@ -134,6 +134,28 @@ def test_peek_pop_engine_mode_has_no_kv_check():
     assert s.occupancy == 160
 
 
+def test_prefix_cache_hits_are_not_charged_but_hold_kv():
+    s = vtc.Scheduler(M=1000, wp=1.0, wq=2.0)
+    s.submit(1, "a", 300, cached_len=200)
+    s.submit(2, "b", 300)
+    s.submit(3, "c", 300)
+    assert s.schedule() == [1, 2, 3]
+    assert s.counters() == {"a": 100.0, "b": 300.0, "c": 300.0}
+    assert s.occupancy == 900  # the cached prefix still occupies the KV budget
+    # engine mode: the hit is known at admission
+    s.submit(4, "d", 50)
+    assert s.pop(cached_len=50) == 4
+    assert s.service("d") == 0.0  # (its counter was lifted to the floor at submit)
+    s.submit(5, "d", 50)
+    before = state(s, [5])
+    with pytest.raises(vtc.InvalidArgumentError, match="cached_len must be between 0 and "
+                       "prompt_len=50, got 51"):
+        s.pop(cached_len=51)
+    assert state(s, [5]) == before
+    with pytest.raises(ValueError, match="got -1"):
+        s.submit(6, "e", 10, cached_len=-1)
+
+
 def test_preempt_returns_to_head_without_charging_again():
     s = vtc.Scheduler(M=1000, wp=1.0, wq=1.0)
     s.submit(1, "a", 100)

@@ -39,6 +39,8 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
             rid = next_rid[0]
             known.append(rid)
         p = rng.choice([1, 2, 5, 16, 40, M // 3, M // 2, M, M + 1, 0, -3, rng.randint(1, M)])
+        if rng.random() < 0.3:  # a prefix-cache hit (sometimes an invalid one)
+            return "submit", (rid, rng.choice(CLIENTS), p, rng.randint(-1, max(p, 0) + 1))
         return "submit", (rid, rng.choice(CLIENTS), p)
     if r < 0.45:
         return "schedule", ()
@@ -61,6 +63,8 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
     if r < 0.86:
         return "preempt", (rng.choice(known) if known else 999_999,)
     if r < 0.89:
+        if rng.random() < 0.4:
+            return "pop", (rng.randint(-1, 50),)
         return "pop", ()
     if r < 0.92:
         return "peek", ()

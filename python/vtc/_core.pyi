@@ -92,10 +92,14 @@ class Scheduler:
         """Every client's delivered weighted service."""
     def clients(self) -> list[ClientKey]:
         """Every client seen, in the order first seen."""
-    def submit(self, request_id: int, client: ClientKey, prompt_len: int) -> None:
+    def submit(
+        self, request_id: int, client: ClientKey, prompt_len: int, cached_len: int | None = None
+    ) -> None:
         """Queue a request. ``request_id`` must not be live; ``1 <= prompt_len <= M``.
 
-        A client with nothing waiting is first lifted to the floor (under ``"vtc"``).
+        ``cached_len`` prompt tokens (``0 <= cached_len <= prompt_len``, default 0) are
+        a prefix-cache hit: they count in the KV budget but are not charged. A client
+        with nothing waiting is first lifted to the floor (under ``"vtc"``).
         """
     def schedule(self) -> list[int]:
         """Admit requests until the next does not fit in M; returns them in admission order."""
@@ -123,8 +127,12 @@ class Scheduler:
         """
     def peek(self) -> int | None:
         """The request the policy would admit next, without admitting it."""
-    def pop(self) -> int | None:
-        """Engine mode: admit the request ``peek()`` names, without the KV check."""
+    def pop(self, cached_len: int | None = None) -> int | None:
+        """Engine mode: admit the request ``peek()`` names, without the KV check.
+
+        ``cached_len``, when given, replaces the request's prefix-cache hit (known to
+        the engine only at admission): only ``prompt_len - cached_len`` is charged.
+        """
     def status(self, request_id: int) -> Literal["waiting", "running"] | None:
         """Where a request is; None once finished or cancelled (or never seen)."""
     def generated(self, request_id: int) -> int:

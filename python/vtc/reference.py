@@ -10,9 +10,11 @@ The rules
 ---------
 * Every client ``c`` has a virtual counter ``counter[c]`` and a delivered
   ``service[c]``.  A charge of ``w`` tokens-worth adds ``w * (1 / weight[c])``
-  to both.  Prefill is charged ``(wp * prompt_len) * inv_w`` when a request is
-  admitted for the first time; decode is charged ``(wq * T) * inv_w`` per
-  client and decode call, where ``T`` is the integer number of tokens that
+  to both.  Prefill is charged ``(wp * (prompt_len - cached_len)) * inv_w``
+  when a request is admitted for the first time (``cached_len`` prompt tokens
+  came from a prefix cache: they occupy the KV budget but cost nothing);
+  decode is charged ``(wq * T) * inv_w`` per client and decode call, where
+  ``T`` is the integer number of tokens that
   client's requests generated in that call (summing integers first keeps the
   result independent of iteration order).
 * A client is *backlogged* while it has waiting requests.  ``schedule()``
@@ -72,6 +74,7 @@ class _Request:
     client: object
     prompt: int
     seq: int
+    cached: int = 0
     generated: int = 0
     prefill_paid: bool = False
     running: bool = False
@@ -215,14 +218,19 @@ class Scheduler:
             return
         c.counter = max(c.counter, floor)
 
-    def submit(self, request_id, client, prompt_len) -> None:
+    def submit(self, request_id, client, prompt_len, cached_len=None) -> None:
         rid = _check_request_id(request_id)
         client = _check_client(client)
         prompt_len = _check_int("prompt_len", prompt_len, 1)
+        cached = 0 if cached_len is None else _as_int("cached_len", cached_len)
         if prompt_len > self.M:
             raise InvalidArgumentError(
                 f"prompt_len {prompt_len} exceeds the KV budget M={self.M}; "
                 "it could never be admitted"
+            )
+        if not 0 <= cached <= prompt_len:
+            raise InvalidArgumentError(
+                f"cached_len must be between 0 and prompt_len={prompt_len}, got {cached}"
             )
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid} is already live")
@@ -230,7 +238,7 @@ class Scheduler:
         if not c.queue and self.policy == "vtc":
             self._lift(client)
         self._seq += 1
-        self._requests[rid] = _Request(rid, client, prompt_len, self._seq)
+        self._requests[rid] = _Request(rid, client, prompt_len, self._seq, cached)
         c.queue.append(rid)
 
     def _charge(self, c: _Client, amount: float) -> None:
@@ -244,7 +252,7 @@ class Scheduler:
         self.occupancy += r.prompt + r.generated
         if not r.prefill_paid:
             r.prefill_paid = True
-            self._charge(c, (self.wp * r.prompt) * c.inv_w)
+            self._charge(c, (self.wp * (r.prompt - r.cached)) * c.inv_w)
         r.running = True
         self._admit_seq += 1
         r.admit_seq = self._admit_seq
@@ -269,9 +277,19 @@ class Scheduler:
         k = self._select()
         return None if k is None else self._clients[k].queue[0]
 
-    def pop(self) -> int | None:
+    def pop(self, cached_len=None) -> int | None:
         k = self._select()
-        return None if k is None else self._admit(k)
+        if k is None:
+            return None
+        if cached_len is not None:
+            cached = _as_int("cached_len", cached_len)
+            r = self._requests[self._clients[k].queue[0]]
+            if not 0 <= cached <= r.prompt:
+                raise InvalidArgumentError(
+                    f"cached_len must be between 0 and prompt_len={r.prompt}, got {cached}"
+                )
+            r.cached = cached
+        return self._admit(k)
 
     def _get(self, rid) -> _Request:
         rid = _check_request_id(rid)

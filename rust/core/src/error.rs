@@ -32,6 +32,8 @@ pub enum CoreError {
     InvalidWeight(f64),
     /// `prompt_len` must be >= 1.
     InvalidPrompt(i64),
+    /// `cached_len` must be in `0..=prompt_len`.
+    InvalidCached { cached_len: i64, prompt_len: i64 },
     /// A prompt larger than `M` could never be admitted.
     PromptTooLong { prompt_len: u64, budget: u64 },
     /// The policy name is not one of `vtc`, `lcf`, `fcfs`.
@@ -70,6 +72,10 @@ impl fmt::Display for CoreError {
             }
             InvalidWeight(w) => write!(f, "weight must be a positive finite number, got {w}"),
             InvalidPrompt(p) => write!(f, "prompt_len must be >= 1, got {p}"),
+            InvalidCached { cached_len, prompt_len } => write!(
+                f,
+                "cached_len must be between 0 and prompt_len={prompt_len}, got {cached_len}"
+            ),
             PromptTooLong { prompt_len, budget } => write!(
                 f,
                 "prompt_len {prompt_len} exceeds the KV budget M={budget}; it could never be admitted"

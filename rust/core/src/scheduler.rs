@@ -74,6 +74,8 @@ struct Request {
     rid: u64,
     client: u32,
     prompt: u64,
+    /// Prompt tokens served from a prefix cache: in the KV budget, not charged.
+    cached: u64,
     generated: u64,
     /// Global submit order; the tie-break between equal counters.
     seq: u64,
@@ -427,9 +429,12 @@ impl Scheduler {
 
     /// The checks `submit` makes on a request id and prompt length, without
     /// submitting (lets a caller validate before creating a client).
-    pub fn check_submit(&self, rid: u64, prompt_len: i64) -> Result<()> {
+    pub fn check_submit(&self, rid: u64, prompt_len: i64, cached_len: i64) -> Result<()> {
         if prompt_len <= 0 {
             return Err(CoreError::InvalidPrompt(prompt_len));
+        }
+        if cached_len < 0 || cached_len > prompt_len {
+            return Err(CoreError::InvalidCached { cached_len, prompt_len });
         }
         if prompt_len as u64 > self.budget {
             return Err(CoreError::PromptTooLong {
@@ -445,7 +450,14 @@ impl Scheduler {
 
     /// Queue a new request `rid` from client `c` with a prompt of `prompt_len` tokens.
     pub fn submit(&mut self, rid: u64, c: ClientId, prompt_len: i64) -> Result<()> {
-        self.check_submit(rid, prompt_len)?;
+        self.submit_cached(rid, c, prompt_len, 0)
+    }
+
+    /// [`submit`](Self::submit) a request whose first `cached_len` prompt
+    /// tokens are a prefix-cache hit: they count in the KV budget but are
+    /// not charged (the client pays for the prefill actually computed).
+    pub fn submit_cached(&mut self, rid: u64, c: ClientId, prompt_len: i64, cached_len: i64) -> Result<()> {
+        self.check_submit(rid, prompt_len, cached_len)?;
         let prompt = prompt_len as u64;
         let k = c.0;
         if k as usize >= self.clients.len() {
@@ -462,6 +474,7 @@ impl Scheduler {
             rid,
             client: k,
             prompt,
+            cached: cached_len as u64,
             generated: 0,
             seq,
             admit_seq: 0,
@@ -507,11 +520,7 @@ impl Scheduler {
         let rid = r.rid;
         let fp = r.footprint();
         // A preempted request that comes back already paid for its prompt.
-        let charge = if r.prefill_paid {
-            None
-        } else {
-            Some(wp * r.prompt as f64)
-        };
+        let charge = if r.prefill_paid { None } else { Some(wp * (r.prompt - r.cached) as f64) };
         r.prefill_paid = true;
         self.occupancy += fp;
         self.running.push(entry.slot);
@@ -554,6 +563,22 @@ impl Scheduler {
     /// KV check (the engine does its own memory accounting).
     pub fn pop(&mut self) -> Option<u64> {
         self.admit_next()
+    }
+
+    /// [`pop`](Self::pop), telling the core how many prompt tokens the
+    /// engine found in its prefix cache (known only at admission); `None`
+    /// keeps what `submit` said. Fails, admitting nothing, when `cached_len`
+    /// is not in `0..=prompt_len` of the request that would be popped.
+    pub fn pop_cached(&mut self, cached_len: Option<i64>) -> Result<Option<u64>> {
+        let Some(s) = self.next_slot() else { return Ok(None) };
+        if let Some(k) = cached_len {
+            let r = &mut self.requests[s as usize];
+            if k < 0 || k as u64 > r.prompt {
+                return Err(CoreError::InvalidCached { cached_len: k, prompt_len: r.prompt as i64 });
+            }
+            r.cached = k as u64;
+        }
+        Ok(self.admit_next())
     }
 
     /// Charge every client its `pending_tokens` and re-key it.

@@ -107,6 +107,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | InvalidTokenWeight { .. }
         | InvalidWeight(_)
         | InvalidPrompt(_)
+        | InvalidCached { .. }
         | PromptTooLong { .. }
         | UnknownPolicy(_)
         | LengthMismatch { .. }

@@ -310,21 +310,24 @@ impl PyScheduler {
         })
     }
 
+    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None))]
     fn submit(
         &self,
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
         client: &Bound<'_, PyAny>,
         prompt_len: &Bound<'_, PyAny>,
+        cached_len: Option<&Bound<'_, PyAny>>,
     ) -> Result<()> {
         let rid = request_id_arg(request_id)?;
         let key = client_arg(client)?;
         let prompt = i64_arg("prompt_len", prompt_len)?;
+        let cached = cached_len.map(|c| i64_arg("cached_len", c)).transpose()?.unwrap_or(0);
         let mut g = self.lock(py);
         // Validate before interning so a rejected submit creates no client.
-        g.core.check_submit(rid, prompt)?;
+        g.core.check_submit(rid, prompt, cached)?;
         let c = g.intern(&key);
-        g.core.submit(rid, c, prompt)?;
+        g.core.submit_cached(rid, c, prompt, cached)?;
         Ok(())
     }
 
@@ -423,8 +426,10 @@ impl PyScheduler {
         self.lock(py).core.peek()
     }
 
-    fn pop(&self, py: Python<'_>) -> Option<u64> {
-        self.lock(py).core.pop()
+    #[pyo3(signature = (cached_len = None))]
+    fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
+        let cached = cached_len.map(|c| i64_arg("cached_len", c)).transpose()?;
+        Ok(self.lock(py).core.pop_cached(cached)?)
     }
 
     fn status(
