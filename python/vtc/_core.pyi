@@ -80,6 +80,12 @@ class Scheduler:
         """Clients the scheduler has seen (by submit or set_weight)."""
     def set_weight(self, client: ClientKey, weight: float) -> None:
         """Weighted VTC: every later charge to ``client`` is divided by ``weight`` (> 0, finite)."""
+    def raise_counter(self, client: ClientKey, value: float) -> None:
+        """Raise the client's counter to at least ``value`` (never lowers it).
+
+        For counters shared across replicas: a replica lifts its local view to the
+        global counter it learned. Delivered service is unchanged.
+        """
     def weight(self, client: ClientKey) -> float:
         """The client's weight (1.0 for a client never seen)."""
     def counter(self, client: ClientKey) -> float:

@@ -188,6 +188,15 @@ class Scheduler:
         c.weight = w
         c.inv_w = 1.0 / w
 
+    def raise_counter(self, client, value) -> None:
+        client = _check_client(client)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"value must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"counter must be a finite number, got {value!r}")
+        c = self._clients.setdefault(client, _Client())
+        c.counter = max(c.counter, float(value))
+
     # -- the policy --------------------------------------------------------
     def _backlogged(self) -> list:
         return [k for k, c in self._clients.items() if c.queue]

@@ -28,6 +28,8 @@ pub enum CoreError {
     InvalidBudget(i64),
     /// A token weight (`wp`, `wq`) must be finite and >= 0.
     InvalidTokenWeight { name: &'static str, value: f64 },
+    /// A counter value must be finite.
+    InvalidCounter(f64),
     /// A client weight must be finite and > 0.
     InvalidWeight(f64),
     /// `prompt_len` must be >= 1.
@@ -70,6 +72,7 @@ impl fmt::Display for CoreError {
             InvalidTokenWeight { name, value } => {
                 write!(f, "{name} must be a finite number >= 0, got {value}")
             }
+            InvalidCounter(v) => write!(f, "counter must be a finite number, got {v}"),
             InvalidWeight(w) => write!(f, "weight must be a positive finite number, got {w}"),
             InvalidPrompt(p) => write!(f, "prompt_len must be >= 1, got {p}"),
             InvalidCached { cached_len, prompt_len } => write!(

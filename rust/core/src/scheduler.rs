@@ -280,6 +280,26 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Raise `c`'s counter to at least `value` (never lowers it). For
+    /// schedulers that share counters across replicas: a replica lifts its
+    /// local view to the global counter it learned.
+    pub fn raise_counter(&mut self, c: ClientId, value: f64) -> Result<()> {
+        if !value.is_finite() {
+            return Err(CoreError::InvalidCounter(value));
+        }
+        let cl = self
+            .clients
+            .get_mut(c.0 as usize)
+            .ok_or(CoreError::UnknownClient(c.0))?;
+        if value > cl.counter {
+            cl.counter = value;
+            if self.policy != Policy::Fcfs {
+                self.adjust(c.0);
+            }
+        }
+        Ok(())
+    }
+
     // --------------------------------------------------------------- policy
 
     #[inline(always)]
@@ -434,7 +454,10 @@ impl Scheduler {
             return Err(CoreError::InvalidPrompt(prompt_len));
         }
         if cached_len < 0 || cached_len > prompt_len {
-            return Err(CoreError::InvalidCached { cached_len, prompt_len });
+            return Err(CoreError::InvalidCached {
+                cached_len,
+                prompt_len,
+            });
         }
         if prompt_len as u64 > self.budget {
             return Err(CoreError::PromptTooLong {
@@ -456,7 +479,13 @@ impl Scheduler {
     /// [`submit`](Self::submit) a request whose first `cached_len` prompt
     /// tokens are a prefix-cache hit: they count in the KV budget but are
     /// not charged (the client pays for the prefill actually computed).
-    pub fn submit_cached(&mut self, rid: u64, c: ClientId, prompt_len: i64, cached_len: i64) -> Result<()> {
+    pub fn submit_cached(
+        &mut self,
+        rid: u64,
+        c: ClientId,
+        prompt_len: i64,
+        cached_len: i64,
+    ) -> Result<()> {
         self.check_submit(rid, prompt_len, cached_len)?;
         let prompt = prompt_len as u64;
         let k = c.0;
@@ -520,7 +549,11 @@ impl Scheduler {
         let rid = r.rid;
         let fp = r.footprint();
         // A preempted request that comes back already paid for its prompt.
-        let charge = if r.prefill_paid { None } else { Some(wp * (r.prompt - r.cached) as f64) };
+        let charge = if r.prefill_paid {
+            None
+        } else {
+            Some(wp * (r.prompt - r.cached) as f64)
+        };
         r.prefill_paid = true;
         self.occupancy += fp;
         self.running.push(entry.slot);
@@ -570,11 +603,16 @@ impl Scheduler {
     /// keeps what `submit` said. Fails, admitting nothing, when `cached_len`
     /// is not in `0..=prompt_len` of the request that would be popped.
     pub fn pop_cached(&mut self, cached_len: Option<i64>) -> Result<Option<u64>> {
-        let Some(s) = self.next_slot() else { return Ok(None) };
+        let Some(s) = self.next_slot() else {
+            return Ok(None);
+        };
         if let Some(k) = cached_len {
             let r = &mut self.requests[s as usize];
             if k < 0 || k as u64 > r.prompt {
-                return Err(CoreError::InvalidCached { cached_len: k, prompt_len: r.prompt as i64 });
+                return Err(CoreError::InvalidCached {
+                    cached_len: k,
+                    prompt_len: r.prompt as i64,
+                });
             }
             r.cached = k as u64;
         }
@@ -868,7 +906,7 @@ impl Scheduler {
                 }
             }
             // Rounding is monotone, so equal charges keep counter >= service exactly.
-            if cl.counter < cl.service || (self.policy != Policy::Vtc && cl.counter != cl.service) {
+            if cl.counter < cl.service {
                 return Err(format!(
                     "client {i}: counter {} below service {}",
                     cl.counter, cl.service

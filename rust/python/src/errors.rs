@@ -108,6 +108,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | InvalidWeight(_)
         | InvalidPrompt(_)
         | InvalidCached { .. }
+        | InvalidCounter(_)
         | PromptTooLong { .. }
         | UnknownPolicy(_)
         | LengthMismatch { .. }

@@ -283,6 +283,23 @@ impl PyScheduler {
         Ok(())
     }
 
+    fn raise_counter(
+        &self,
+        py: Python<'_>,
+        client: &Bound<'_, PyAny>,
+        value: &Bound<'_, PyAny>,
+    ) -> Result<()> {
+        let key = client_arg(client)?;
+        let v = float_arg("value", value)?;
+        if !v.is_finite() {
+            return Err(CoreError::InvalidCounter(v).into());
+        }
+        let mut g = self.lock(py);
+        let c = g.intern(&key);
+        g.core.raise_counter(c, v)?;
+        Ok(())
+    }
+
     fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
         let g = self.lock(py);
@@ -322,7 +339,10 @@ impl PyScheduler {
         let rid = request_id_arg(request_id)?;
         let key = client_arg(client)?;
         let prompt = i64_arg("prompt_len", prompt_len)?;
-        let cached = cached_len.map(|c| i64_arg("cached_len", c)).transpose()?.unwrap_or(0);
+        let cached = cached_len
+            .map(|c| i64_arg("cached_len", c))
+            .transpose()?
+            .unwrap_or(0);
         let mut g = self.lock(py);
         // Validate before interning so a rejected submit creates no client.
         g.core.check_submit(rid, prompt, cached)?;
