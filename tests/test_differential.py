@@ -124,3 +124,33 @@ def test_numpy_batch_decode_matches_list_form():
     a.decode(ids.astype(np.uint64), 2)
     b.decode(list(range(50)), 2)
     assert state(a) == state(b)
+
+
+def test_large_batches_over_many_clients_match_reference():
+    """Big decode calls touching most backlogged clients (the core re-keys
+    them in bulk there) must still decide exactly like the reference."""
+    rng = random.Random(5)
+    fast = vtc.Scheduler(4000, 1.0, 2.0)
+    ref = reference.Scheduler(4000, 1.0, 2.0)
+    rid = 0
+    for step in range(150):
+        for _ in range(rng.randint(0, 120)):
+            rid += 1
+            args = (rid, rng.randrange(90), rng.randint(1, 40))
+            fast.submit(*args)
+            ref.submit(*args)
+        assert fast.schedule() == ref.schedule()
+        if step % 3:
+            assert fast.decode() == ref.decode()
+        else:
+            ids = fast.running()
+            toks = [rng.randint(0, 3) for _ in ids]
+            fast.decode(np.array(ids, dtype=np.int64), np.array(toks, dtype=np.int64))
+            ref.decode(ids, toks)
+        for r in fast.running():
+            if rng.random() < 0.1:
+                fast.finish(r)
+                ref.finish(r)
+        assert state(fast) == state(ref), step
+    fast._check_invariants()
+    assert fast.num_clients == 90

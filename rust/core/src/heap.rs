@@ -104,6 +104,24 @@ impl IndexedHeap {
         }
     }
 
+    /// Overwrite the key of `id` without restoring order; call
+    /// [`rebuild`](Self::rebuild) before the next query.
+    #[inline]
+    pub fn set_key_unordered<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &P) {
+        let pos = p.pos(id) as usize;
+        debug_assert!(pos < self.entries.len() && self.entries[pos].id == id);
+        self.entries[pos].key = key;
+    }
+
+    /// Restore heap order after many `set_key_unordered` calls: O(n)
+    /// (Floyd), cheaper than one O(log n) sift per changed key once a
+    /// sizeable share of the heap changed.
+    pub fn rebuild<P: Positions + ?Sized>(&mut self, p: &mut P) {
+        for pos in (0..self.entries.len() / 2).rev() {
+            self.sift_down(pos, p);
+        }
+    }
+
     fn adjust_at<P: Positions + ?Sized>(&mut self, pos: usize, p: &mut P) {
         if pos > 0 && self.entries[pos].key.less(&self.entries[(pos - 1) / 2].key) {
             self.sift_up(pos, p);
@@ -220,6 +238,30 @@ mod tests {
         }
         assert_eq!(order, vec![2, 1, 0, 3]);
         assert!(pos.iter().all(|&p| p == NOT_IN_HEAP));
+    }
+
+    #[test]
+    fn bulk_key_changes_then_rebuild() {
+        let n = 500u32;
+        let mut pos = vec![NOT_IN_HEAP; n as usize];
+        let mut h = IndexedHeap::new();
+        let mut rng = Lcg(3);
+        for id in 0..n {
+            h.push(id, key(rng.next() % 100, id as u64), &mut pos);
+        }
+        for id in (0..n).step_by(2) {
+            h.set_key_unordered(id, key(rng.next() % 100, 1000 + id as u64), &pos);
+        }
+        h.rebuild(&mut pos);
+        h.check(&pos).unwrap();
+        let mut last = None;
+        while let Some((id, k)) = h.top() {
+            if let Some(l) = last {
+                assert!(!k.less(&l));
+            }
+            last = Some(k);
+            h.remove(id, &mut pos);
+        }
     }
 
     #[test]

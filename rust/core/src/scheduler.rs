@@ -153,6 +153,8 @@ pub struct Scheduler {
     touched: Vec<u32>,
     /// Scratch for choosing preemption victims.
     victims: Vec<(f64, u64, u32)>,
+    /// Scratch: the slots of a decode call's requests.
+    slots: Vec<u32>,
 }
 
 impl Scheduler {
@@ -186,6 +188,7 @@ impl Scheduler {
             last_left: None,
             touched: Vec::new(),
             victims: Vec::new(),
+            slots: Vec::new(),
         })
     }
 
@@ -620,16 +623,31 @@ impl Scheduler {
     }
 
     /// Charge every client its `pending_tokens` and re-key it.
+    ///
+    /// When a decode touches a large share of the backlogged clients (a big
+    /// batch over few clients), re-keying each with its own sift costs more
+    /// than one O(C) rebuild: every client gets about the same charge in no
+    /// particular order, so each sift sinks past siblings not yet charged.
     fn charge_touched(&mut self) {
         let wq = self.wq;
         let touched = std::mem::take(&mut self.touched);
+        let rekey = self.policy != Policy::Fcfs;
+        let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= self.heap.len();
         for &c in &touched {
             let cl = &mut self.clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
             self.update_curr(c, wq * t as f64);
-            if self.policy != Policy::Fcfs {
+            if bulk {
+                if self.clients[c as usize].heap_pos != NOT_IN_HEAP {
+                    let key = self.key_of(c);
+                    self.heap.set_key_unordered(c, key, &self.clients[..]);
+                }
+            } else if rekey {
                 self.adjust(c);
             }
+        }
+        if bulk {
+            self.heap.rebuild(&mut self.clients[..]);
         }
         self.touched = touched;
         self.touched.clear();
@@ -728,25 +746,37 @@ impl Scheduler {
             Tokens::Each(t) => t,
             Tokens::PerRequest(ts) => ts[i],
         };
-        // validate everything first
+        // validate everything first, remembering each request's slot
+        let mut slots = std::mem::take(&mut self.slots);
+        slots.clear();
         for (i, &rid) in rids.iter().enumerate() {
-            let s = self.running_slot(rid, Op::Decode)?;
+            let s = match self.running_slot(rid, Op::Decode) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.slots = slots;
+                    return Err(e);
+                }
+            };
+            slots.push(s);
             let r = &mut self.requests[s as usize];
-            if r.decode_epoch == epoch {
-                return Err(CoreError::DuplicateInBatch(rid));
+            let t = count(i);
+            let err = if r.decode_epoch == epoch {
+                Some(CoreError::DuplicateInBatch(rid))
+            } else if t < 0 {
+                Some(CoreError::NegativeTokens(t))
+            } else if t as u64 > MAX_TOKENS_PER_CALL {
+                Some(CoreError::TooManyTokens(t as u64))
+            } else {
+                None
+            };
+            if let Some(e) = err {
+                self.slots = slots;
+                return Err(e);
             }
             r.decode_epoch = epoch;
-            let t = count(i);
-            if t < 0 {
-                return Err(CoreError::NegativeTokens(t));
-            }
-            if t as u64 > MAX_TOKENS_PER_CALL {
-                return Err(CoreError::TooManyTokens(t as u64));
-            }
         }
         let mut total = 0u64;
-        for (i, &rid) in rids.iter().enumerate() {
-            let s = self.index[&rid];
+        for (i, &s) in slots.iter().enumerate() {
             let t = count(i) as u64;
             let r = &mut self.requests[s as usize];
             r.generated += t;
@@ -756,6 +786,7 @@ impl Scheduler {
                 self.add_pending(c, t);
             }
         }
+        self.slots = slots;
         self.occupancy += total;
         self.charge_touched();
         Ok(())
