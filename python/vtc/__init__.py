@@ -11,13 +11,14 @@ readable pure-Python twin used to test it, and ``vtc.sim`` simulates
 workloads on top of it.
 """
 
-from vtc._core import MAX_TOKENS_PER_CALL, Scheduler, __version__
+from vtc._core import MAX_TOKENS_PER_CALL, SNAPSHOT_VERSION, Scheduler, __version__
 from vtc.errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
     RequestStateError,
     SchedulerError,
+    SnapshotError,
     UnknownRequestError,
 )
 
@@ -25,6 +26,7 @@ POLICIES = ("vtc", "lcf", "fcfs")
 
 __all__ = [
     "MAX_TOKENS_PER_CALL",
+    "SNAPSHOT_VERSION",
     "POLICIES",
     "CapacityError",
     "DuplicateRequestError",
@@ -32,6 +34,7 @@ __all__ = [
     "RequestStateError",
     "Scheduler",
     "SchedulerError",
+    "SnapshotError",
     "UnknownRequestError",
     "__version__",
 ]

@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 __version__: str
 MAX_TOKENS_PER_CALL: int
+SNAPSHOT_VERSION: int
 
 ClientKey = int | str
 IntArray = Sequence[int] | npt.NDArray[np.integer]
@@ -27,6 +28,9 @@ class UnknownRequestError(SchedulerError, KeyError):
 
 class RequestStateError(SchedulerError, ValueError):
     """The request is in the wrong state for the operation (e.g. finishing a waiting one)."""
+
+class SnapshotError(SchedulerError, ValueError):
+    """A snapshot could not be restored (truncated, corrupted or another version)."""
 
 class CapacityError(SchedulerError):
     """The last running request alone cannot grow within M; finish or cancel it."""
@@ -145,5 +149,19 @@ class Scheduler:
         """Tokens a live request has generated so far."""
     def running(self) -> list[int]:
         """Running request ids, oldest admission first."""
+    def snapshot(self) -> bytes:
+        """The fairness state as bytes: configuration, every client's counter, service
+        and weight, and the client that last left the backlog.
+
+        Requests are not included (an engine that restarts has lost its batch and
+        resubmits). Versioned and checksummed.
+        """
+    @staticmethod
+    def from_snapshot(data: bytes) -> Scheduler:
+        """A scheduler with the fairness state of ``data`` and no requests.
+
+        Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
+        version.
+        """
     def _check_invariants(self) -> None:
         """Raise AssertionError if an internal invariant is broken (tests)."""

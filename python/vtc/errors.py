@@ -11,6 +11,7 @@ from vtc._core import (
     InvalidArgumentError,
     RequestStateError,
     SchedulerError,
+    SnapshotError,
     UnknownRequestError,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "InvalidArgumentError",
     "RequestStateError",
     "SchedulerError",
+    "SnapshotError",
     "UnknownRequestError",
 ]

@@ -62,6 +62,8 @@ pub enum CoreError {
     },
     /// A client id the core never issued.
     UnknownClient(u32),
+    /// A snapshot that cannot be restored (truncated, corrupted, other version).
+    BadSnapshot(String),
 }
 
 impl fmt::Display for CoreError {
@@ -108,6 +110,7 @@ impl fmt::Display for CoreError {
                 "request {request_id} holds {tokens} tokens and cannot grow within M={budget}; finish or cancel it"
             ),
             UnknownClient(c) => write!(f, "unknown client id {c}"),
+            BadSnapshot(m) => write!(f, "cannot restore snapshot: {m}"),
         }
     }
 }

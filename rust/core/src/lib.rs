@@ -21,8 +21,10 @@ mod client;
 mod error;
 mod heap;
 mod scheduler;
+mod snapshot;
 
 pub use client::{Client, ClientId};
 pub use error::{CoreError, Op, Result};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
 pub use scheduler::{Policy, RequestState, Scheduler, Tokens, MAX_TOKENS_PER_CALL};
+pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

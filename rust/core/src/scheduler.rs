@@ -259,6 +259,26 @@ impl Scheduler {
         Ok(self.requests[s as usize].generated)
     }
 
+    /// The client that most recently left the backlog (the lift's reference
+    /// when nobody is backlogged).
+    pub fn last_left(&self) -> Option<ClientId> {
+        self.last_left.map(ClientId)
+    }
+
+    pub(crate) fn set_last_left(&mut self, c: Option<ClientId>) {
+        self.last_left = c.map(|c| c.0);
+    }
+
+    /// Snapshot restore: set an idle client's state directly.
+    pub(crate) fn restore_client(&mut self, c: ClientId, counter: f64, service: f64, weight: f64) {
+        let cl = &mut self.clients[c.0 as usize];
+        debug_assert!(cl.n_waiting == 0 && cl.n_running == 0);
+        cl.counter = counter;
+        cl.service = service;
+        cl.weight = weight;
+        cl.inv_w = 1.0 / weight;
+    }
+
     // -------------------------------------------------------- configuration
 
     /// A new client with counter 0 and weight 1.

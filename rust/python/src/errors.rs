@@ -7,6 +7,7 @@
 //! ├── DuplicateRequestError(SchedulerError, ValueError)  a request id that is already live
 //! ├── UnknownRequestError(SchedulerError, KeyError)      an id that is neither waiting nor running
 //! ├── RequestStateError(SchedulerError, ValueError)      e.g. finishing a waiting request
+//! ├── SnapshotError(SchedulerError, ValueError)          a snapshot that cannot be restored
 //! └── CapacityError(SchedulerError)                      a lone request outgrew M
 //! ```
 //!
@@ -31,6 +32,7 @@ static DUPLICATE_REQUEST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static UNKNOWN_REQUEST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static REQUEST_STATE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CAPACITY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SNAPSHOT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 #[derive(Clone, Copy)]
 pub enum Kind {
@@ -39,6 +41,7 @@ pub enum Kind {
     UnknownRequest,
     RequestState,
     Capacity,
+    Snapshot,
 }
 
 fn slot(kind: Kind) -> (&'static PyOnceLock<Py<PyType>>, &'static str, &'static str) {
@@ -63,6 +66,11 @@ fn slot(kind: Kind) -> (&'static PyOnceLock<Py<PyType>>, &'static str, &'static 
             "RequestStateError",
             "The request is in the wrong state for the operation; nothing was changed.",
         ),
+        Kind::Snapshot => (
+            &SNAPSHOT,
+            "SnapshotError",
+            "A snapshot could not be restored (truncated, corrupted or another version).",
+        ),
         Kind::Capacity => (
             &CAPACITY,
             "CapacityError",
@@ -73,7 +81,7 @@ fn slot(kind: Kind) -> (&'static PyOnceLock<Py<PyType>>, &'static str, &'static 
 
 fn builtin_base(py: Python<'_>, kind: Kind) -> Option<Bound<'_, PyType>> {
     match kind {
-        Kind::InvalidArgument | Kind::DuplicateRequest | Kind::RequestState => {
+        Kind::InvalidArgument | Kind::DuplicateRequest | Kind::RequestState | Kind::Snapshot => {
             Some(py.get_type::<PyValueError>())
         }
         Kind::UnknownRequest => Some(py.get_type::<PyKeyError>()),
@@ -120,6 +128,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
         UnknownRequest(_) => Kind::UnknownRequest,
         NotRunning { .. } => Kind::RequestState,
         Capacity { .. } => Kind::Capacity,
+        BadSnapshot(_) => Kind::Snapshot,
     }
 }
 

@@ -13,7 +13,7 @@ use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 use vtc_core::{ClientId, CoreError, Policy, RequestState, Tokens};
 
 use errors::{invalid, Error, Result};
@@ -163,6 +163,30 @@ impl Inner {
             }
         }
         c
+    }
+}
+
+/// Snapshot key bytes: tag 0 + i64 (little-endian) or tag 1 + UTF-8.
+fn encode_key(k: &Key) -> Vec<u8> {
+    match k {
+        Key::Int(i) => {
+            let mut v = vec![0u8];
+            v.extend_from_slice(&i.to_le_bytes());
+            v
+        }
+        Key::Str(s) => {
+            let mut v = vec![1u8];
+            v.extend_from_slice(s.as_bytes());
+            v
+        }
+    }
+}
+
+fn decode_key(raw: &[u8]) -> Option<Key> {
+    match raw.split_first()? {
+        (0, rest) => Some(Key::Int(i64::from_le_bytes(rest.try_into().ok()?))),
+        (1, rest) => Some(Key::Str(std::str::from_utf8(rest).ok()?.into())),
+        _ => None,
     }
 }
 
@@ -491,6 +515,50 @@ impl PyScheduler {
         self.per_client(py, |c| c.service())
     }
 
+    /// The fairness state (configuration, every client's counter, service
+    /// and weight, the last client to leave the backlog) as bytes.
+    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let data = {
+            let g = self.lock(py);
+            g.core.snapshot(|c| encode_key(&g.keys[c.0 as usize]))
+        };
+        PyBytes::new(py, &data)
+    }
+
+    /// A scheduler with the fairness state of `data` and no requests.
+    #[staticmethod]
+    fn from_snapshot(py: Python<'_>, data: &Bound<'_, PyAny>) -> Result<Self> {
+        let bytes: Vec<u8> = data
+            .cast::<PyBytes>()
+            .map(|b| b.as_bytes().to_vec())
+            .or_else(|_| data.extract::<Vec<u8>>())
+            .map_err(|_| type_error("data", "bytes", data))?;
+        let restored = py.detach(|| vtc_core::Scheduler::restore(&bytes))?;
+        let mut inner = Inner {
+            core: restored.scheduler,
+            ints: HashMap::new(),
+            strs: HashMap::new(),
+            keys: Vec::with_capacity(restored.keys.len()),
+        };
+        for (i, raw) in restored.keys.iter().enumerate() {
+            let key = decode_key(raw)
+                .ok_or_else(|| CoreError::BadSnapshot(format!("client {i} has a malformed key")))?;
+            let dup = match &key {
+                Key::Int(v) => inner.ints.insert(*v, i as u32).is_some(),
+                Key::Str(v) => inner.strs.insert(v.clone(), i as u32).is_some(),
+            };
+            if dup {
+                return Err(
+                    CoreError::BadSnapshot(format!("client key {key:?} appears twice")).into(),
+                );
+            }
+            inner.keys.push(key);
+        }
+        Ok(PyScheduler {
+            inner: Mutex::new(inner),
+        })
+    }
+
     fn _check_invariants(&self, py: Python<'_>) -> Result<()> {
         let g = self.lock(py);
         g.core
@@ -546,10 +614,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         errors::Kind::UnknownRequest,
         errors::Kind::RequestState,
         errors::Kind::Capacity,
+        errors::Kind::Snapshot,
     ] {
         let ty = errors::exception_type(py, kind)?;
         m.add(ty.name()?.to_string().as_str(), ty)?;
     }
     m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
+    m.add("SNAPSHOT_VERSION", vtc_core::SNAPSHOT_VERSION)?;
     Ok(())
 }
