@@ -22,7 +22,7 @@ dev: $(BIN)/python
 
 ## test: every test: the Rust core's cargo tests, then pytest, then the linters
 test: dev
-	cargo test -p vtc-core
+	cargo test --release -p vtc-core
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
 	cargo clippy -p vtc-core -p vtc-python --all-targets -- -D warnings

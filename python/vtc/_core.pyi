@@ -101,7 +101,7 @@ class Scheduler:
     def services(self) -> dict[ClientKey, float]:
         """Every client's delivered weighted service."""
     def clients(self) -> list[ClientKey]:
-        """Every client seen, in the order first seen."""
+        """Every client the scheduler knows (not forgotten), by internal id."""
     def submit(
         self, request_id: int, client: ClientKey, prompt_len: int, cached_len: int | None = None
     ) -> None:
@@ -149,6 +149,18 @@ class Scheduler:
         """Tokens a live request has generated so far."""
     def running(self) -> list[int]:
         """Running request ids, oldest admission first."""
+    def forget_idle(self) -> int:
+        """Forget idle clients whose state can no longer influence any decision.
+
+        Under ``"vtc"``: clients with nothing waiting or running, default weight, a
+        counter at or below the floor (the least counter among backlogged and running
+        clients), other than the lift's last-left reference. When such a client
+        returns, the lift places it exactly where a brand-new client goes, so every
+        future decision is unchanged; only its ``service()`` history is lost. Under
+        ``"fcfs"`` any idle client with default weight; under ``"lcf"`` none. Call it
+        periodically to keep memory proportional to the live clients. Returns the
+        number forgotten.
+        """
     def snapshot(self) -> bytes:
         """The fairness state as bytes: configuration, every client's counter, service
         and weight, and the client that last left the backlog.

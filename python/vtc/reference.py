@@ -32,7 +32,7 @@ The rules
 * ``decode()`` without arguments is one engine iteration: each running request
   generates one token.  If the batch would outgrow ``M``, running requests are
   preempted first, from the client with the largest counter (latest admission
-  among equals): back to the head of their client's queue, never charged again
+  among equals; under ``fcfs`` simply the latest admission): back to the head of their client's queue, never charged again
   for what they already paid.  If the last remaining request alone cannot
   grow, ``CapacityError`` is raised and nothing changes.
 * ``decode(request_ids, tokens)`` records what an engine produced; the engine
@@ -356,11 +356,14 @@ class Scheduler:
     def _decode_all(self) -> list[int]:
         victims = []
         if self.occupancy + len(self._running) > self.M:
-            # Evict from the most-served client first, latest admission first.
+            # Evict from the most-served client first, latest admission first
+            # (fcfs, the baseline, evicts like a plain engine: latest first).
             order = sorted(
                 self._running,
                 key=lambda rid: (
-                    self._clients[self._requests[rid].client].counter,
+                    0.0
+                    if self.policy == "fcfs"
+                    else self._clients[self._requests[rid].client].counter,
                     self._requests[rid].admit_seq,
                 ),
                 reverse=True,

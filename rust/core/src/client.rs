@@ -41,6 +41,8 @@ pub struct Client {
     pub(crate) heap_pos: u32,
     /// Scratch: tokens generated in the decode call being applied.
     pub(crate) pending_tokens: u64,
+    /// False once forgotten; the id is then free for reuse.
+    pub(crate) live: bool,
 }
 
 impl Default for Client {
@@ -56,6 +58,7 @@ impl Default for Client {
             head_seq: 0,
             heap_pos: NOT_IN_HEAP,
             pending_tokens: 0,
+            live: true,
         }
     }
 }

@@ -155,6 +155,8 @@ pub struct Scheduler {
     victims: Vec<(f64, u64, u32)>,
     /// Scratch: the slots of a decode call's requests.
     slots: Vec<u32>,
+    /// Ids of forgotten clients, reused by `add_client`.
+    free_clients: Vec<u32>,
 }
 
 impl Scheduler {
@@ -189,6 +191,7 @@ impl Scheduler {
             touched: Vec::new(),
             victims: Vec::new(),
             slots: Vec::new(),
+            free_clients: Vec::new(),
         })
     }
 
@@ -216,8 +219,14 @@ impl Scheduler {
     pub fn num_running(&self) -> usize {
         self.running.len()
     }
+    /// Clients known to the scheduler (forgotten ones excluded).
     pub fn num_clients(&self) -> usize {
-        self.clients.len()
+        self.clients.len() - self.free_clients.len()
+    }
+
+    /// One past the largest client id in use (ids below it may be free).
+    pub fn client_id_bound(&self) -> u32 {
+        self.clients.len() as u32
     }
     /// Clients with waiting requests.
     pub fn num_backlogged(&self) -> usize {
@@ -227,6 +236,7 @@ impl Scheduler {
     pub fn client(&self, c: ClientId) -> Result<&Client> {
         self.clients
             .get(c.0 as usize)
+            .filter(|cl| cl.live)
             .ok_or(CoreError::UnknownClient(c.0))
     }
 
@@ -283,6 +293,10 @@ impl Scheduler {
 
     /// A new client with counter 0 and weight 1.
     pub fn add_client(&mut self) -> ClientId {
+        if let Some(id) = self.free_clients.pop() {
+            self.clients[id as usize] = Client::default();
+            return ClientId(id);
+        }
         let id = u32::try_from(self.clients.len()).expect("more than 2^32 clients");
         assert!(id != NOT_IN_HEAP, "client id space exhausted");
         self.clients.push(Client::default());
@@ -297,6 +311,7 @@ impl Scheduler {
         let cl = self
             .clients
             .get_mut(c.0 as usize)
+            .filter(|cl| cl.live)
             .ok_or(CoreError::UnknownClient(c.0))?;
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
@@ -313,6 +328,7 @@ impl Scheduler {
         let cl = self
             .clients
             .get_mut(c.0 as usize)
+            .filter(|cl| cl.live)
             .ok_or(CoreError::UnknownClient(c.0))?;
         if value > cl.counter {
             cl.counter = value;
@@ -321,6 +337,61 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+
+    /*
+     * forget_idle: bounded memory under client churn.
+     *
+     * Let L = min(floor, min counter of clients with running requests), where
+     * floor is the least backlogged counter (or the last-left client's when
+     * nobody waits). Every client that will ever be backlogged or running
+     * again has a counter >= L: backlogged and running clients already do,
+     * counters only grow, a client re-entering the backlog through preemption
+     * is one that is running now or was admitted later, and a client entering
+     * through submit is lifted to a floor that, by the same argument, is >= L
+     * (or, with nobody backlogged, to the last-left client's counter, >= L).
+     * Before anyone was ever admitted there is no lift at all, so L = 0.
+     * So a client with nothing waiting or running, counter <= L, default
+     * weight, and which is not the lift's last-left reference, would be
+     * lifted on its return to exactly what a brand-new client gets:
+     * forgetting it changes no future decision. (Under lcf a returning
+     * client is not lifted, so nothing is forgotten; under fcfs counters
+     * decide nothing, so any idle client may go.) Its delivered service is
+     * forgotten with it.
+     */
+    /// Forget idle clients whose state can no longer influence any decision
+    /// (see above); their ids are appended to `out` and will be reused.
+    pub fn forget_idle(&mut self, out: &mut Vec<ClientId>) -> usize {
+        let limit = match self.policy {
+            Policy::Lcf => return 0,
+            Policy::Fcfs => f64::INFINITY,
+            Policy::Vtc => {
+                let floor = match (self.heap.top(), self.last_left) {
+                    (Some((_, key)), _) => key.counter,
+                    (None, Some(l)) => self.clients[l as usize].counter,
+                    // nobody was ever admitted: a returning client is not lifted
+                    // at all, so only a client still at 0 is like a new one
+                    (None, None) => 0.0,
+                };
+                self.clients
+                    .iter()
+                    .filter(|c| c.live && c.n_running > 0)
+                    .fold(floor, |m, c| m.min(c.counter))
+            }
+        };
+        let start = out.len();
+        for (i, cl) in self.clients.iter_mut().enumerate() {
+            let idle = cl.live && cl.n_waiting == 0 && cl.n_running == 0 && cl.weight == 1.0;
+            if idle && cl.counter <= limit && self.last_left != Some(i as u32) {
+                *cl = Client {
+                    live: false,
+                    ..Client::default()
+                };
+                self.free_clients.push(i as u32);
+                out.push(ClientId(i as u32));
+            }
+        }
+        out.len() - start
     }
 
     // --------------------------------------------------------------- policy
@@ -512,7 +583,7 @@ impl Scheduler {
         self.check_submit(rid, prompt_len, cached_len)?;
         let prompt = prompt_len as u64;
         let k = c.0;
-        if k as usize >= self.clients.len() {
+        if !self.clients.get(k as usize).is_some_and(|cl| cl.live) {
             return Err(CoreError::UnknownClient(k));
         }
         // validated: from here on nothing fails
@@ -687,7 +758,8 @@ impl Scheduler {
     /// If the grown batch would not fit in `M`, requests are preempted first
     /// (their ids are appended to `preempted`, in eviction order): the victim
     /// is always the running request whose client has the largest counter,
-    /// the latest admitted among equals. Evicting the most-served client keeps
+    /// the latest admitted among equals (under `fcfs`, simply the latest
+    /// admitted, as a plain engine does). Evicting the most-served client keeps
     /// preemption on the side of fairness; evicting the latest admission (as
     /// engines do by default) would hit exactly the client VTC just favoured.
     /// Fails with [`CoreError::Capacity`], changing nothing, when even the
@@ -714,10 +786,17 @@ impl Scheduler {
     #[cold]
     fn preempt_for_growth(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
         let mut order = std::mem::take(&mut self.victims);
+        let fcfs = self.policy == Policy::Fcfs;
         order.clear();
         order.extend(self.running.iter().map(|&s| {
             let r = &self.requests[s as usize];
-            (self.clients[r.client as usize].counter, r.admit_seq, s)
+            // fcfs, the baseline, evicts like a plain engine: latest admission first
+            let served = if fcfs {
+                0.0
+            } else {
+                self.clients[r.client as usize].counter
+            };
+            (served, r.admit_seq, s)
         }));
         // most-served client first, latest admission first among equals
         order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
@@ -919,6 +998,12 @@ impl Scheduler {
             running[self.requests[s as usize].client as usize] += 1;
         }
         for (i, cl) in self.clients.iter().enumerate() {
+            if !cl.live {
+                if cl.n_waiting + cl.n_running != 0 || cl.heap_pos != NOT_IN_HEAP {
+                    return Err(format!("forgotten client {i} still has requests"));
+                }
+                continue;
+            }
             let live: Vec<&QueueEntry> = cl.queue.iter().filter(|e| self.entry_live(e)).collect();
             if live.len() != cl.n_waiting {
                 return Err(format!(

@@ -119,10 +119,14 @@ impl Scheduler {
             Policy::Lcf => 1,
             Policy::Fcfs => 2,
         });
-        p.extend_from_slice(&(self.num_clients() as u64).to_le_bytes());
-        for i in 0..self.num_clients() {
-            let id = ClientId(i as u32);
-            let c = self.client(id).expect("client ids are dense");
+        // forgotten ids are skipped: snapshot position = restored id
+        let ids: Vec<ClientId> = (0..self.client_id_bound())
+            .map(ClientId)
+            .filter(|&c| self.client(c).is_ok())
+            .collect();
+        p.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+        for &id in &ids {
+            let c = self.client(id).expect("live client");
             let key = key_of(id);
             p.extend_from_slice(&(key.len() as u32).to_le_bytes());
             p.extend_from_slice(&key);
@@ -130,7 +134,10 @@ impl Scheduler {
             p.extend_from_slice(&c.service().to_le_bytes());
             p.extend_from_slice(&c.weight().to_le_bytes());
         }
-        let last = self.last_left().map_or(u64::MAX, |c| c.0 as u64);
+        let last = self
+            .last_left()
+            .and_then(|l| ids.iter().position(|&c| c == l))
+            .map_or(u64::MAX, |pos| pos as u64);
         p.extend_from_slice(&last.to_le_bytes());
 
         let mut out = Vec::with_capacity(HEADER + p.len());

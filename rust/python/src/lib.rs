@@ -135,7 +135,8 @@ struct Inner {
     core: vtc_core::Scheduler,
     ints: HashMap<i64, u32>,
     strs: HashMap<Box<str>, u32>,
-    keys: Vec<Key>,
+    /// Key of each client id; `None` for ids the core forgot (free for reuse).
+    keys: Vec<Option<Key>>,
 }
 
 impl Inner {
@@ -152,17 +153,31 @@ impl Inner {
             return c;
         }
         let c = self.core.add_client();
-        match k {
+        let key = match k {
             KeyRef::Int(i) => {
                 self.ints.insert(*i, c.0);
-                self.keys.push(Key::Int(*i));
+                Key::Int(*i)
             }
             KeyRef::Str(s) => {
                 self.strs.insert((*s).into(), c.0);
-                self.keys.push(Key::Str((*s).into()));
+                Key::Str((*s).into())
             }
+        };
+        let id = c.0 as usize;
+        if id == self.keys.len() {
+            self.keys.push(Some(key));
+        } else {
+            self.keys[id] = Some(key); // a forgotten id, reused
         }
         c
+    }
+
+    /// Live clients as (id, key), in id order.
+    fn live_keys(&self) -> impl Iterator<Item = (ClientId, &Key)> {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| k.as_ref().map(|k| (ClientId(i as u32), k)))
     }
 }
 
@@ -499,7 +514,7 @@ impl PyScheduler {
     }
 
     fn clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys = self.lock(py).keys.clone();
+        let keys: Vec<Key> = self.lock(py).live_keys().map(|(_, k)| k.clone()).collect();
         let list = PyList::empty(py);
         for k in &keys {
             list.append(key_to_py(py, k)?)?;
@@ -515,12 +530,44 @@ impl PyScheduler {
         self.per_client(py, |c| c.service())
     }
 
+    /// Forget idle clients whose state can no longer influence a decision;
+    /// returns how many were forgotten.
+    fn forget_idle(&self, py: Python<'_>) -> usize {
+        let mut g = self.lock(py);
+        let mut gone = Vec::new();
+        g.core.forget_idle(&mut gone);
+        for c in &gone {
+            match g.keys[c.0 as usize].take() {
+                Some(Key::Int(i)) => {
+                    g.ints.remove(&i);
+                }
+                Some(Key::Str(s)) => {
+                    g.strs.remove(&s);
+                }
+                None => {}
+            }
+        }
+        if g.ints.capacity() > 4 * g.ints.len() + 1024 {
+            g.ints.shrink_to_fit();
+        }
+        if g.strs.capacity() > 4 * g.strs.len() + 1024 {
+            g.strs.shrink_to_fit();
+        }
+        gone.len()
+    }
+
     /// The fairness state (configuration, every client's counter, service
     /// and weight, the last client to leave the backlog) as bytes.
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let data = {
             let g = self.lock(py);
-            g.core.snapshot(|c| encode_key(&g.keys[c.0 as usize]))
+            g.core.snapshot(|c| {
+                encode_key(
+                    g.keys[c.0 as usize]
+                        .as_ref()
+                        .expect("live client has a key"),
+                )
+            })
         };
         PyBytes::new(py, &data)
     }
@@ -552,7 +599,7 @@ impl PyScheduler {
                     CoreError::BadSnapshot(format!("client key {key:?} appears twice")).into(),
                 );
             }
-            inner.keys.push(key);
+            inner.keys.push(Some(key));
         }
         Ok(PyScheduler {
             inner: Mutex::new(inner),
@@ -564,7 +611,8 @@ impl PyScheduler {
         g.core
             .check_invariants()
             .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
-        if g.keys.len() != g.core.num_clients() || g.ints.len() + g.strs.len() != g.keys.len() {
+        let live = g.live_keys().count();
+        if live != g.core.num_clients() || g.ints.len() + g.strs.len() != live {
             return Err(Error::Py(pyo3::exceptions::PyAssertionError::new_err(
                 "client interning out of sync",
             )));
@@ -581,15 +629,11 @@ impl PyScheduler {
     ) -> PyResult<Bound<'py, PyDict>> {
         let values: Vec<(Key, f64)> = {
             let g = self.lock(py);
-            g.keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| {
+            g.live_keys()
+                .map(|(c, k)| {
                     (
                         k.clone(),
-                        f(g.core
-                            .client(ClientId(i as u32))
-                            .expect("interned client exists")),
+                        f(g.core.client(c).expect("interned client exists")),
                     )
                 })
                 .collect()
