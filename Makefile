@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
 
-.PHONY: run test dev lint bench clean
+.PHONY: run test dev lint bench clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,14 @@ run: $(BIN)/python
 dev: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
+## system-deps: Debian packages the tests need (redis-server, for tests/redis)
+system-deps:
+	@command -v redis-server >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
+
 ## test: every test: the Rust core's cargo tests, then pytest, then the linters
-test: dev
+test: system-deps dev
 	cargo test --release -p vtc-core
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
@@ -39,3 +45,12 @@ bench: dev
 
 clean:
 	rm -rf $(VENV) target results
+
+## test-sglang: SGLang 0.5.23 (CPU) and vtc in their own virtualenv, then tests/sglang
+SGLANG_VENV ?= .venv-sglang
+.PHONY: test-sglang
+test-sglang:
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	scripts/install-sglang.sh $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pytest -q -o addopts=-ra tests/sglang

@@ -21,6 +21,7 @@ experiments:
   trace       the Chatbot Arena trace under FCFS / LCF / VTC / RPM 5 / RPM 20
   weighted    weighted VTC, 4 clients with weights 1:2:3:4
   scenarios   the paper's other workloads (gamma, short/long, ramp, phases, ...)
+  replicas    N = 2, 4, 8 replicas, skewed ingress: FCFS vs per-replica VTC vs global VTC
   all         every experiment above; writes JSON per table and a PNG per experiment to --out
 
 examples:
@@ -28,6 +29,7 @@ examples:
   python -m vtc.sim returning --plot returning.png --json returning.json
   python -m vtc.sim kv-sweep --steps 5000 --seed 3
   python -m vtc.sim all --out results
+  python -m vtc.sim replicas --plot replicas.png --redis-url redis://127.0.0.1:6379/0
 """
 
 
@@ -73,6 +75,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="results", help="results folder for 'all' (default results/)")
     p.add_argument("--no-progress", action="store_true", help="never draw progress bars")
+    p.add_argument(
+        "--sync-interval",
+        type=int,
+        default=10,
+        help="replicas: steps between syncs of the shared counters (default 10)",
+    )
+    p.add_argument(
+        "--redis-url",
+        help="replicas: share counters through this Redis (default: the in-process twin)",
+    )
     return p
 
 
@@ -97,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps_per_second=args.steps_per_second,
         factory=reference_scheduler if args.impl == "reference" else rust_scheduler,
         progress=False if args.no_progress else None,
+        sync_interval=args.sync_interval,
+        redis_url=args.redis_url,
     )
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     out = Path(args.out) if args.experiment == "all" else None

@@ -42,6 +42,8 @@ class Options:
     steps_per_second: float = 18.0
     factory: SchedulerFactory | None = None
     progress: bool | None = None
+    sync_interval: int = 10
+    redis_url: str | None = None
 
     def run(
         self,
@@ -374,6 +376,89 @@ def scenarios(opts: Options) -> Report:
     return Report([table], panels)
 
 
+def replicas(opts: Options, sizes: Sequence[int] = (2, 4, 8)) -> Report:
+    """N replicas behind a router with skewed ingress: per-replica VTC vs global VTC vs FCFS.
+
+    N tenants, each at 1.5x one replica's capacity: tenant 0 is pinned to
+    replica 0, the others are spread round-robin over all replicas, so the
+    fair split is 1/N each.  ``global`` shares counters through
+    :class:`vtc.distributed.SharedCounters` every ``opts.sync_interval`` steps
+    (an in-process twin of the Redis script, or Redis itself with
+    ``opts.redis_url``).  ``staleness`` is the largest lag of a local counter
+    behind the global one, ``eps`` its bound ``2 (N-1) S mu``; ``drift_over_bound``
+    divides the max drift by ``2 (N U + eps)`` (``docs/distributed.md``).
+    """
+    from vtc import distributed
+
+    steps, M, S = opts.steps or 10000, opts.M or 8192, opts.sync_interval
+    table = Table(
+        "replicas",
+        f"Skewed ingress over N replicas: tenant 0 pinned to replica 0, the rest spread "
+        f"(M={M:,} each, {steps:,} steps, sync every {S} steps); shares in %",
+        [
+            "replicas",
+            "scheduler",
+            "pinned_share",
+            "fair_share",
+            "shares",
+            "max_drift",
+            "drift_over_2U",
+            "drift_over_bound",
+            "staleness",
+            "eps",
+            "throughput",
+            "syncs",
+        ],
+    )
+    panels = []
+    for n in sizes:
+        reqs = workloads.overloaded([1.5] * n, steps, M, seed=opts.seed)
+        for mode in distributed.MODES:
+            store = None
+            if mode == "global" and opts.redis_url:
+                store = distributed.RedisStore.from_url(
+                    opts.redis_url, f"sim-{os.getpid()}-{n}", timeout_ms=2000
+                )
+                store.clear()
+            run = distributed.simulate_replicas(
+                reqs,
+                steps,
+                replicas=n,
+                mode=mode,
+                route=distributed.pinned_router(n),
+                M=M,
+                wp=opts.wp,
+                wq=opts.wq,
+                sync_interval=S,
+                store=store,
+            )
+            if isinstance(store, distributed.RedisStore):
+                store.clear()
+            res = run.result
+            share = metrics.shares(res)
+            drift = metrics.max_pair_drift(res)
+            u = metrics.result_u(res)
+            glob = mode == "global"
+            table.rows.append(
+                {
+                    "replicas": n,
+                    "scheduler": mode,
+                    "pinned_share": share[0],
+                    "fair_share": 1 / n,
+                    "shares": [share[c] for c in res.clients],
+                    "max_drift": drift,
+                    "drift_over_2U": drift / (2 * u),
+                    "drift_over_bound": drift / distributed.drift_bound(n, S, run.rate, u),
+                    "staleness": run.staleness if glob else None,
+                    "eps": run.staleness_bound if glob else None,
+                    "throughput": metrics.throughput(res),
+                    "syncs": run.syncs,
+                }
+            )
+            panels.append(Panel(f"N={n} {mode}", res))
+    return Report([table], panels)
+
+
 EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "drift": drift,
     "returning": returning,
@@ -382,4 +467,5 @@ EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "trace": trace,
     "weighted": weighted,
     "scenarios": scenarios,
+    "replicas": replicas,
 }

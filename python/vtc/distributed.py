@@ -1,0 +1,928 @@
+"""VTC across engine replicas: counters shared through Redis.
+
+Every replica keeps its own :class:`vtc.Scheduler` and makes every decision
+locally; a :class:`SharedCounters` object next to it keeps each tenant's
+counter *global*: the sum of the weighted service every replica charged the
+tenant, plus the lifts.  Every ``sync_interval`` engine steps (or ``sync_ms``
+milliseconds) the replica makes **one round trip** to the store (a Lua script
+on Redis) that
+
+1. pushes the replica's *cumulative* delivered service per tenant (the store
+   keeps what each replica incarnation last pushed and adds only the
+   difference, so a push that is retried, duplicated or replayed after an
+   outage is counted exactly once);
+2. updates which tenants have requests waiting on this replica; a tenant that
+   becomes backlogged on its first replica is lifted, in the store, to the
+   *global floor*: the least counter of the globally backlogged tenants (a
+   sorted set), or the counter of the tenant that last left the backlog;
+3. reaps replicas that have not synced for ``liveness_ms`` (their waiting
+   tenants stop holding the floor down; what they charged stays counted);
+4. pulls the global counters of the tenants waiting here (and of the tenants
+   it just charged) and the global floor.
+
+The replica then lifts each pulled tenant's local counter to
+``global + local charges since the snapshot`` with ``raise_counter`` (which
+never lowers), so between syncs it schedules on ``global + unsynced local``.
+
+Faults: any store error puts the synchronizer in *degraded* mode: the
+scheduler simply keeps running as a local VTC (nothing is blocked or
+dropped; the only time spent is one socket timeout per ``retry_ms``).  When
+the store answers again the next sync sends the full state (cumulative
+service and waiting set), which reconciles everything charged during the
+outage.  A replica that dies loses at most what it charged since its last
+sync.  A Redis restarted from its AOF/RDB keeps the counters; a Redis that
+lost them gets a new *epoch*, and every live replica re-sends its full state.
+
+Wiring an engine (this is all an integration needs)::
+
+    shared = vtc.distributed.from_env()          # None unless VTC_REDIS_URL is set
+    ...
+    if shared: shared.submit(sched, rid, tenant, prompt_len)   # lift + submit + track
+    else:      sched.submit(rid, tenant, prompt_len)
+    ...                                          # once per engine step:
+    if shared: shared.on_step(sched)
+
+or ``shared.start(sched)`` to sync from a background thread instead of
+``on_step``.  Without ``VTC_REDIS_URL`` nothing here is imported by the
+single-replica path and nothing changes.
+
+:class:`LocalStore` is an in-process twin of the Redis script (same
+semantics, as :mod:`vtc.reference` is to the core); the simulator uses it for
+speed and ``tests/redis`` checks that both give identical runs.  The
+multi-replica engine model (:func:`simulate_replicas`) lives here too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import threading
+import time
+import uuid
+from array import array
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+
+if TYPE_CHECKING:
+    import redis
+    from vtc.sim.engine import SimResult
+    from vtc.sim.workloads import Request
+
+log = logging.getLogger("vtc.distributed")
+
+Client = Union[int, str]
+
+ENV_URL = "VTC_REDIS_URL"
+ENV_NAMESPACE = "VTC_REDIS_NAMESPACE"
+ENV_SYNC_INTERVAL = "VTC_SYNC_INTERVAL"
+ENV_SYNC_MS = "VTC_SYNC_MS"
+ENV_REPLICA = "VTC_REPLICA_ID"
+ENV_TIMEOUT_MS = "VTC_REDIS_TIMEOUT_MS"
+
+KEEP_MS = 7 * 24 * 3600 * 1000  # a replica incarnation's pushed totals outlive it this long
+
+
+class SchedulerLike(Protocol):
+    """The part of :class:`vtc.Scheduler` the synchronizer uses (all thread-safe in the core)."""
+
+    def services(self) -> dict[Client, float]: ...  # noqa: D102
+    def service(self, client: Client) -> float: ...  # noqa: D102
+    def counter(self, client: Client) -> float: ...  # noqa: D102
+    def raise_counter(self, client: Client, value: float) -> None: ...  # noqa: D102
+    def status(self, request_id: int) -> str | None: ...  # noqa: D102
+    def submit(  # noqa: D102
+        self, request_id: int, client: Client, prompt_len: int, cached_len: int | None = None
+    ) -> None: ...
+
+
+def encode(client: Client) -> str:
+    """A tenant key as stored: ``i:<int>`` or ``s:<str>`` (ints and strs never collide)."""
+    if isinstance(client, bool) or not isinstance(client, (int, str)):
+        raise TypeError(f"client must be an int or a str, got {client!r}")
+    return f"i:{client}" if isinstance(client, int) else f"s:{client}"
+
+
+def decode(key: str | bytes) -> Client:
+    """The inverse of :func:`encode`."""
+    if isinstance(key, bytes):
+        key = key.decode()
+    return int(key[2:]) if key.startswith("i:") else key[2:]
+
+
+# --------------------------------------------------------------------------- the store protocol
+@dataclass
+class SyncRequest:
+    """One replica's sync: everything the store needs, in one message.
+
+    ``services`` holds cumulative delivered service (not deltas); ``add`` and
+    ``remove`` change the replica's waiting set (with ``full`` set, ``add`` *is*
+    the waiting set and ``remove`` is ignored).  Keys are :func:`encode`\\ d.
+    """
+
+    replica: str
+    epoch: str
+    candidate_epoch: str
+    full: bool
+    services: dict[str, float]
+    add: list[str]
+    remove: list[str]
+    pull: list[str]
+    liveness_ms: int
+
+
+@dataclass
+class SyncReply:
+    """The store's answer: ``status`` is ``"ok"`` or ``"resync"`` (send the full state)."""
+
+    status: str
+    epoch: str
+    floor: float | None = None
+    counters: list[float] = field(default_factory=list)
+
+
+class Store(Protocol):
+    """Where the global counters live: :class:`RedisStore` or its twin :class:`LocalStore`."""
+
+    def sync(self, req: SyncRequest) -> SyncReply: ...  # noqa: D102
+    def counters(self) -> dict[Client, float]: ...  # noqa: D102
+    def backlog(self) -> dict[Client, float]: ...  # noqa: D102
+
+
+# The whole sync, atomically, in one round trip.  ARGV: prefix, replica, known epoch,
+# candidate epoch, full, liveness_ms, keep_ms, then three counted lists
+# (n, tenant, cum, tenant, cum, ...), (n, adds...), (n, removes...), (n, pulls...).
+SYNC_LUA = r"""
+local P, rid, known = ARGV[1], ARGV[2], ARGV[3]
+local full = ARGV[5] == '1'
+local live, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
+local CNT, BL, REFS = P .. 'counter', P .. 'backlog', P .. 'refs'
+local LAST, REPS = P .. 'lastleft', P .. 'replicas'
+local W, S = P .. 'w:' .. rid, P .. 's:' .. rid
+local function fmt(x) return string.format('%.17g', x) end
+
+local epoch = redis.call('GET', P .. 'epoch')
+if not epoch then
+  epoch = ARGV[4]
+  redis.call('SET', P .. 'epoch', epoch)
+end
+if not full and (epoch ~= known or not redis.call('ZSCORE', REPS, rid)) then
+  return {'resync', epoch}
+end
+
+local function floor_value()
+  local low = redis.call('ZRANGE', BL, 0, 0, 'WITHSCORES')
+  if #low > 0 then return low[2] end
+  return redis.call('GET', LAST)
+end
+local function leave(c)
+  if redis.call('HINCRBY', REFS, c, -1) <= 0 then
+    redis.call('HDEL', REFS, c)
+    redis.call('ZREM', BL, c)
+    redis.call('SET', LAST, redis.call('HGET', CNT, c) or '0')
+  end
+end
+
+-- liveness, and the reaping of replicas that stopped syncing
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
+  if d ~= rid then
+    local members = redis.call('SMEMBERS', P .. 'w:' .. d)
+    table.sort(members)
+    for _, c in ipairs(members) do leave(c) end
+    redis.call('DEL', P .. 'w:' .. d)
+    redis.call('ZREM', REPS, d)
+  end
+end
+redis.call('ZADD', REPS, now, rid)
+
+-- push: cumulative service per tenant; only the increase over the last push counts
+local i = 8
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local c, cum = ARGV[i], tonumber(ARGV[i + 1])
+  local old = tonumber(redis.call('HGET', S, c) or '0')
+  if cum > old then
+    local g = redis.call('HINCRBYFLOAT', CNT, c, fmt(cum - old))
+    redis.call('HSET', S, c, ARGV[i + 1])
+    if redis.call('ZSCORE', BL, c) then redis.call('ZADD', BL, g, c) end
+  end
+  i = i + 2
+end
+if keep > 0 then redis.call('PEXPIRE', S, keep) end
+
+-- the waiting set of this replica: leavers first, then arrivals (lifted to the floor)
+local adds, rems = {}, {}
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do adds[#adds + 1] = ARGV[i]; i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do rems[#rems + 1] = ARGV[i]; i = i + 1 end
+if full then
+  local want = {}
+  for _, c in ipairs(adds) do want[c] = true end
+  rems = {}
+  for _, c in ipairs(redis.call('SMEMBERS', W)) do
+    if not want[c] then rems[#rems + 1] = c end
+  end
+  table.sort(rems)
+end
+for _, c in ipairs(rems) do
+  if redis.call('SREM', W, c) == 1 then leave(c) end
+end
+-- tenants arriving in one sync are lifted to the floor of those already backlogged,
+-- not to each other's counters (they became backlogged concurrently)
+local f = tonumber(floor_value() or '')
+for _, c in ipairs(adds) do
+  if redis.call('SADD', W, c) == 1 and redis.call('HINCRBY', REFS, c, 1) == 1 then
+    local g = tonumber(redis.call('HGET', CNT, c) or '0')
+    if f and f > g then
+      g = f
+      redis.call('HSET', CNT, c, fmt(g))
+    end
+    redis.call('ZADD', BL, fmt(g), c)
+  end
+end
+
+-- pull
+local out = {'ok', epoch, floor_value() or ''}
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  out[#out + 1] = redis.call('HGET', CNT, ARGV[i]) or '0'
+  i = i + 1
+end
+return out
+"""
+
+
+def _resp_size(items: Sequence[Any]) -> int:
+    """Bytes of ``items`` as a RESP array of bulk strings (what goes over the wire)."""
+    size = len(f"*{len(items)}\r\n")
+    for x in items:
+        n = len(x) if isinstance(x, bytes) else len(str(x).encode())
+        size += len(f"${n}\r\n") + n + 2
+    return size
+
+
+class RedisStore:
+    """The global counters in Redis, under the key prefix ``vtc:{<namespace>}:``.
+
+    All keys of a namespace share one hash tag, so several deployments can
+    share a Redis (one namespace each).  Keys: ``epoch``; ``counter`` (hash:
+    tenant -> global counter); ``backlog`` (sorted set of the globally
+    backlogged tenants by counter); ``refs`` (hash: tenant -> replicas it
+    waits on); ``lastleft``; ``replicas`` (sorted set by last sync, ms);
+    ``w:<replica>`` (set: tenants waiting there); ``s:<replica>`` (hash:
+    cumulative service the replica pushed).  ``bytes_out``/``bytes_in`` count
+    the RESP bytes of every sync.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str = "default", keep_ms: int = KEEP_MS):
+        self.client = client
+        self.namespace = namespace
+        self.prefix = f"vtc:{{{namespace}}}:"
+        self.keep_ms = keep_ms
+        self._script = client.register_script(SYNC_LUA)
+        self.bytes_out = 0
+        self.bytes_in = 0
+
+    @classmethod
+    def from_url(
+        cls, url: str, namespace: str = "default", timeout_ms: float = 100.0
+    ) -> RedisStore:
+        """A store on ``url`` whose calls fail fast (no retries, ``timeout_ms`` socket timeouts)."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        import redis
+
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_ms / 1000,
+            socket_connect_timeout=timeout_ms / 1000,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+        )
+        return cls(client, namespace)
+
+    def sync(self, req: SyncRequest) -> SyncReply:
+        """Run the sync script (EVALSHA, loading it again after a Redis restart)."""
+        args: list[Any] = [
+            self.prefix,
+            req.replica,
+            req.epoch,
+            req.candidate_epoch,
+            "1" if req.full else "0",
+            req.liveness_ms,
+            self.keep_ms,
+            len(req.services),
+        ]
+        for c, v in req.services.items():
+            args += [c, repr(float(v))]
+        for items in (req.add, req.remove, req.pull):
+            args.append(len(items))
+            args += items
+        self.bytes_out += _resp_size(["EVALSHA", self._script.sha, 0, *args])
+        out = self._script(keys=[], args=args)
+        self.bytes_in += _resp_size(out)
+        status, epoch = out[0].decode(), out[1].decode()
+        if status != "ok":
+            return SyncReply(status, epoch)
+        floor = float(out[2]) if out[2] else None
+        return SyncReply(status, epoch, floor, [float(x) for x in out[3:]])
+
+    def counters(self) -> dict[Client, float]:
+        """Every tenant's global counter."""
+        raw = self.client.hgetall(self.prefix + "counter")
+        return {decode(k): float(v) for k, v in raw.items()}
+
+    def backlog(self) -> dict[Client, float]:
+        """The globally backlogged tenants and their counters."""
+        raw = self.client.zrange(self.prefix + "backlog", 0, -1, withscores=True)
+        return {decode(k): float(v) for k, v in raw}
+
+    def replicas(self) -> list[str]:
+        """Replica incarnations that synced within their liveness window (or not reaped yet)."""
+        return [r.decode() for r in self.client.zrange(self.prefix + "replicas", 0, -1)]
+
+    def clear(self) -> None:
+        """Delete every key of this namespace."""
+        keys = list(self.client.scan_iter(match=self.prefix.replace("{", "\\{") + "*"))
+        if keys:
+            self.client.delete(*keys)
+
+
+class LocalStore:
+    """An in-process twin of :data:`SYNC_LUA` (same semantics), for simulations and unit tests.
+
+    ``clock`` returns milliseconds (default: wall clock); the simulator passes
+    its step counter.
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock or (lambda: time.time() * 1000)
+        self.epoch: str | None = None
+        self.counter: dict[str, float] = {}
+        self.bl: dict[str, float] = {}
+        self.refs: dict[str, int] = {}
+        self.lastleft: float | None = None
+        self.seen: dict[str, float] = {}
+        self.waiting: dict[str, set[str]] = {}
+        self.pushed: dict[str, dict[str, float]] = {}
+
+    def _floor(self) -> float | None:
+        if self.bl:
+            return min(self.bl.values())
+        return self.lastleft
+
+    def _leave(self, c: str) -> None:
+        self.refs[c] = self.refs.get(c, 0) - 1
+        if self.refs[c] <= 0:
+            del self.refs[c]
+            self.bl.pop(c, None)
+            self.lastleft = self.counter.get(c, 0.0)
+
+    def sync(self, req: SyncRequest) -> SyncReply:
+        """What the Lua script does, step by step."""
+        if self.epoch is None:
+            self.epoch = req.candidate_epoch
+        if not req.full and (self.epoch != req.epoch or req.replica not in self.seen):
+            return SyncReply("resync", self.epoch)
+        now = self.clock()
+        for d in sorted(r for r, s in self.seen.items() if s <= now - req.liveness_ms):
+            if d != req.replica:
+                for c in sorted(self.waiting.pop(d, set())):
+                    self._leave(c)
+                del self.seen[d]
+        self.seen[req.replica] = now
+        pushed = self.pushed.setdefault(req.replica, {})
+        for c, cum in req.services.items():
+            old = pushed.get(c, 0.0)
+            if cum > old:
+                self.counter[c] = self.counter.get(c, 0.0) + (cum - old)
+                pushed[c] = cum
+                if c in self.bl:
+                    self.bl[c] = self.counter[c]
+        mine = self.waiting.setdefault(req.replica, set())
+        rems = sorted(mine - set(req.add)) if req.full else req.remove
+        for c in rems:
+            if c in mine:
+                mine.discard(c)
+                self._leave(c)
+        f = self._floor()
+        for c in req.add:
+            if c not in mine:
+                mine.add(c)
+                self.refs[c] = self.refs.get(c, 0) + 1
+                if self.refs[c] == 1:
+                    g = self.counter.get(c, 0.0)
+                    if f is not None and f > g:
+                        g = self.counter[c] = f
+                    self.bl[c] = g
+        return SyncReply(
+            "ok", self.epoch, self._floor(), [self.counter.get(c, 0.0) for c in req.pull]
+        )
+
+    def counters(self) -> dict[Client, float]:
+        """Every tenant's global counter."""
+        return {decode(k): v for k, v in self.counter.items()}
+
+    def backlog(self) -> dict[Client, float]:
+        """The globally backlogged tenants and their counters."""
+        return {decode(k): v for k, v in self.bl.items()}
+
+
+# --------------------------------------------------------------------------- the synchronizer
+@dataclass
+class SyncStats:
+    """What a :class:`SharedCounters` did: syncs, round trips, failures, degraded state."""
+
+    syncs: int = 0
+    round_trips: int = 0
+    failures: int = 0
+    resyncs: int = 0
+    full_syncs: int = 0
+    pushed_tenants: int = 0
+    pulled_tenants: int = 0
+    last_error: str | None = None
+
+
+_STORE_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+try:  # redis-py is only needed when a RedisStore is used
+    from redis.exceptions import RedisError
+
+    _STORE_ERRORS = (OSError, RedisError)
+except ImportError:  # pragma: no cover - exercised only without redis-py
+    pass
+
+
+class SharedCounters:
+    """Keeps one replica's :class:`vtc.Scheduler` counters global, through a :class:`Store`.
+
+    ``sync_interval``: engine steps between syncs (``on_step``); ``sync_ms``,
+    when set, also syncs once that many milliseconds passed (whichever comes
+    first).  ``liveness_ms``: a replica that has not synced for that long is
+    considered dead and its waiting tenants leave the global backlog.
+    ``retry_ms``: after a failure the store is not tried again for that long
+    (the scheduler runs as a local VTC meanwhile).  ``replica_id`` names this
+    replica incarnation; it must be unique per process lifetime (the default
+    is host-pid-random), because the store keeps per-incarnation totals.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        replica_id: str | None = None,
+        sync_interval: int = 10,
+        sync_ms: float | None = None,
+        liveness_ms: int = 10_000,
+        retry_ms: float = 1000.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if sync_interval < 1:
+            raise ValueError(f"sync_interval must be >= 1, got {sync_interval}")
+        self.store = store
+        default_id = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.replica_id = replica_id or default_id
+        self.sync_interval = sync_interval
+        self.sync_ms = sync_ms
+        self.liveness_ms = liveness_ms
+        self.retry_ms = retry_ms
+        self.clock = clock or (lambda: time.monotonic() * 1000)
+        self.stats = SyncStats()
+        self.degraded = False
+        self.floor: float | None = None
+        self._candidate = uuid.uuid4().hex
+        self._epoch = ""
+        self._full = True
+        self._acked_svc: dict[str, float] = {}
+        self._acked_wait: set[str] = set()
+        self._retry_at: float | None = None
+        self._steps = 0
+        self._last_sync = self.clock()
+        self._queues: dict[Client, deque[int]] = {}
+        self._lock = threading.Lock()  # tracking (submit thread) vs sync (engine/background)
+        self._sync_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- request tracking and the pre-submit lift ---------------------------------------------
+    def track(self, request_id: int, client: Client) -> None:
+        """Remember that ``request_id`` of ``client`` was submitted (for the waiting set)."""
+        with self._lock:
+            self._queues.setdefault(client, deque()).append(request_id)
+
+    def lift(self, scheduler: SchedulerLike, client: Client) -> None:
+        """Lift ``client`` to the last global floor seen if it has nothing waiting here.
+
+        This is the global form of VTC's lift, applied before the local one
+        (which only sees this replica's backlog).  It costs no I/O.
+        """
+        if self.floor is None:
+            return
+        with self._lock:
+            q = self._queues.get(client)
+            idle = not q
+        if idle:
+            scheduler.raise_counter(client, self.floor)
+
+    def submit(
+        self,
+        scheduler: SchedulerLike,
+        request_id: int,
+        client: Client,
+        prompt_len: int,
+        cached_len: int | None = None,
+    ) -> None:
+        """``lift`` + ``scheduler.submit`` + ``track``: the one call an integration makes."""
+        self.lift(scheduler, client)
+        scheduler.submit(request_id, client, prompt_len, cached_len)
+        self.track(request_id, client)
+
+    def waiting(self, scheduler: SchedulerLike) -> set[Client]:
+        """Tenants with tracked requests still waiting in ``scheduler``.
+
+        Each tenant's tracked ids are dropped from the front while they are no
+        longer waiting (admission is FIFO per tenant), so the cost is the
+        number of tenants plus the requests admitted since the last call.
+        """
+        out: set[Client] = set()
+        with self._lock:
+            for client in list(self._queues):
+                q = self._queues[client]
+                while q and scheduler.status(q[0]) != "waiting":
+                    q.popleft()
+                if q:
+                    out.add(client)
+                else:
+                    del self._queues[client]
+        return out
+
+    # -- syncing ------------------------------------------------------------------------------
+    def on_step(self, scheduler: SchedulerLike, waiting: Iterable[Client] | None = None) -> bool:
+        """Call once per engine step; syncs when ``sync_interval`` steps (or ``sync_ms``) passed.
+
+        Returns whether a sync succeeded in this call.  Never raises a store error.
+        """
+        self._steps += 1
+        due = self._steps >= self.sync_interval
+        if not due and self.sync_ms is not None:
+            due = self.clock() - self._last_sync >= self.sync_ms
+        if not due:
+            return False
+        self._steps = 0
+        self._last_sync = self.clock()
+        return self.sync(scheduler, waiting)
+
+    def sync(self, scheduler: SchedulerLike, waiting: Iterable[Client] | None = None) -> bool:
+        """One push + pull round trip now (two if the store asks for a full resync).
+
+        ``waiting`` overrides the tracked waiting set (an engine that knows its
+        queues can pass the tenants it has waiting).  On a store error the
+        scheduler is left as it is (a local VTC) and ``False`` is returned.
+        """
+        with self._sync_lock:
+            now = self.clock()
+            if self._retry_at is not None and now < self._retry_at:
+                return False
+            snap = scheduler.services()
+            wait = set(waiting) if waiting is not None else self.waiting(scheduler)
+            svc = {encode(c): v for c, v in snap.items()}
+            wait_keys = {encode(c) for c in wait}
+            try:
+                reply, pull = self._round_trip(svc, wait_keys)
+                if reply.status == "resync":
+                    self.stats.resyncs += 1
+                    self._full = True
+                    reply, pull = self._round_trip(svc, wait_keys)
+                if reply.status != "ok":
+                    raise RuntimeError(f"store answered {reply.status!r} to a full sync")
+            except (*_STORE_ERRORS, RuntimeError) as e:
+                self._fail(now, e)
+                return False
+            if self.degraded:
+                log.warning("vtc: shared counters reachable again; state reconciled")
+            self.degraded = False
+            self._retry_at = None
+            self._epoch = reply.epoch
+            self._full = False
+            self._acked_svc = svc
+            self._acked_wait = wait_keys
+            self.floor = reply.floor
+            self.stats.syncs += 1
+            for key, g in zip(pull, reply.counters):
+                c = decode(key)
+                scheduler.raise_counter(c, g + (scheduler.service(c) - snap.get(c, 0.0)))
+            return True
+
+    def _round_trip(self, svc: dict[str, float], wait: set[str]) -> tuple[SyncReply, list[str]]:
+        if self._full:
+            push, add, rem = svc, sorted(wait), []
+            self.stats.full_syncs += 1
+        else:
+            acked = self._acked_svc
+            push = {c: v for c, v in svc.items() if acked.get(c) != v}
+            add, rem = sorted(wait - self._acked_wait), sorted(self._acked_wait - wait)
+        pull = sorted(wait | push.keys())
+        req = SyncRequest(
+            self.replica_id,
+            self._epoch,
+            self._candidate,
+            self._full,
+            push,
+            add,
+            rem,
+            pull,
+            self.liveness_ms,
+        )
+        self.stats.round_trips += 1
+        self.stats.pushed_tenants += len(push)
+        self.stats.pulled_tenants += len(pull)
+        return self.store.sync(req), pull
+
+    def _fail(self, now: float, err: BaseException) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = f"{type(err).__name__}: {err}"
+        if not self.degraded:
+            log.warning("vtc: shared counters unreachable (%s); scheduling locally", err)
+        self.degraded = True
+        self._full = True
+        self._retry_at = now + self.retry_ms
+
+    # -- background mode ----------------------------------------------------------------------
+    def start(self, scheduler: SchedulerLike, interval_ms: float | None = None) -> None:
+        """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms`` or 50 ms).
+
+        The engine thread then never waits on the store at all (the core is
+        thread-safe); do not also call ``on_step``.
+        """
+        if self._thread is not None:
+            raise RuntimeError("already started")
+        period = (interval_ms or self.sync_ms or 50.0) / 1000
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(period):
+                self.sync(scheduler)
+
+        self._thread = threading.Thread(target=loop, name="vtc-shared-counters", daemon=True)
+        self._thread.start()
+
+    def stop(self, scheduler: SchedulerLike | None = None) -> None:
+        """Stop the background thread; with ``scheduler``, push a last sync."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if scheduler is not None:
+            self.sync(scheduler)
+
+
+def from_env(
+    env: Mapping[str, str] | None = None, *, replica_id: str | None = None
+) -> SharedCounters | None:
+    """A :class:`SharedCounters` on Redis configured by environment variables, or ``None``.
+
+    ``VTC_REDIS_URL`` (e.g. ``redis://10.0.0.5:6379/0``; unset or empty: ``None``, the
+    single-replica path), ``VTC_REDIS_NAMESPACE`` (default ``default``),
+    ``VTC_SYNC_INTERVAL`` (steps, default 10), ``VTC_SYNC_MS`` (optional),
+    ``VTC_REPLICA_ID`` (default host-pid-random), ``VTC_REDIS_TIMEOUT_MS`` (socket
+    timeouts, default 100).  Creating it does not contact Redis.
+    """
+    env = os.environ if env is None else env
+    url = env.get(ENV_URL, "").strip()
+    if not url:
+        return None
+    store = RedisStore.from_url(
+        url,
+        env.get(ENV_NAMESPACE) or "default",
+        timeout_ms=float(env.get(ENV_TIMEOUT_MS) or 100),
+    )
+    sync_ms = env.get(ENV_SYNC_MS)
+    return SharedCounters(
+        store,
+        replica_id=replica_id or env.get(ENV_REPLICA) or None,
+        sync_interval=int(env.get(ENV_SYNC_INTERVAL) or 10),
+        sync_ms=float(sync_ms) if sync_ms else None,
+    )
+
+
+# --------------------------------------------------------------------------- simulation
+MODES = ("fcfs", "per-replica", "global")
+
+
+@dataclass
+class ReplicaRun:
+    """A multi-replica run: the aggregate :class:`~vtc.sim.engine.SimResult` and the extras.
+
+    ``result.service`` sums every replica's service per tenant; ``backlogged``
+    means waiting on at least one replica.  ``staleness`` is the largest gap
+    seen between a tenant's true global counter (store + every replica's
+    unsynced charges) and a replica's local counter, over tenants waiting
+    there; ``rate`` (``mu``) the largest weighted service one replica delivered
+    over any window of ``2 * sync_interval`` steps, per step; ``syncs`` the
+    number of round trips.
+    """
+
+    result: SimResult
+    replicas: int
+    mode: str
+    sync_interval: int
+    staleness: float = 0.0
+    rate: float = 0.0
+    syncs: int = 0
+
+    @property
+    def staleness_bound(self) -> float:
+        """``eps = 2 (R - 1) S mu`` with the measured ``mu`` (``docs/distributed.md``)."""
+        return staleness_bound(self.replicas, self.sync_interval, self.rate)
+
+
+class _Replica:
+    def __init__(self, sched: Any, shared: SharedCounters | None, n_clients: int) -> None:
+        self.s = sched
+        self.shared = shared
+        self.heap: list[tuple[int, int]] = []
+        self.due: dict[int, int] = {}
+        self.stint: dict[int, int] = {}
+        self.waiting = [0] * n_clients
+        self.work = 0.0
+        self.history = array("d", [0.0])
+
+
+def pinned_router(replicas: int, pinned: Sequence[Client] = (0,)) -> Callable[[Request], int]:
+    """Skewed ingress: ``pinned`` tenants always go to replica 0, the others round-robin."""
+    pins = set(pinned)
+    sent: dict[Client, int] = {}
+
+    def route(r: Request) -> int:
+        if r.client in pins:
+            return 0
+        k = sent.get(r.client, hash(r.client) % replicas)
+        sent[r.client] = k + 1
+        return k % replicas
+
+    return route
+
+
+def simulate_replicas(
+    requests: Sequence[Request],
+    steps: int,
+    *,
+    replicas: int,
+    mode: str,
+    route: Callable[[Request], int],
+    M: int,
+    wp: float = 1.0,
+    wq: float = 2.0,
+    sync_interval: int = 10,
+    store: Store | None = None,
+    measure: bool = True,
+) -> ReplicaRun:
+    """Run ``requests`` on ``replicas`` engines (the :mod:`vtc.sim.engine` model) in lockstep.
+
+    ``mode``: ``"fcfs"`` or ``"per-replica"`` (independent FCFS / VTC schedulers),
+    or ``"global"`` (VTC with :class:`SharedCounters` on ``store``, default a
+    fresh :class:`LocalStore`; replica ``r`` syncs at steps ``t`` with
+    ``(t + r * sync_interval // replicas) % sync_interval == 0``, staggered).
+    ``route(request)`` picks the replica.  With ``measure`` the staleness of
+    the local counters is computed at every step (reads the store's counters).
+    """
+    import vtc
+    from vtc.sim.engine import SimResult
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    policy = "fcfs" if mode == "fcfs" else "vtc"
+    clients: list[Client] = sorted(
+        {r.client for r in requests}, key=lambda c: (isinstance(c, str), c)
+    )
+    cid = {c: k for k, c in enumerate(clients)}
+    step = [0]
+    if mode == "global" and store is None:
+        store = LocalStore(clock=lambda: float(step[0]))
+    reps: list[_Replica] = []
+    for k in range(replicas):
+        shared = None
+        if mode == "global":
+            shared = SharedCounters(
+                store, replica_id=f"sim-r{k}", sync_interval=sync_interval, liveness_ms=1 << 40
+            )
+        reps.append(_Replica(vtc.Scheduler(M, wp, wq, policy), shared, len(clients)))
+    n = len(requests)
+    where = [route(r) for r in requests]
+    owner = [cid[r.client] for r in requests]
+    output = [min(r.output_len, M - r.prompt_len) for r in requests]
+    generated = [0] * n
+    first_admit, finish = [-1] * n, [-1] * n
+    service = [array("d", [0.0]) for _ in clients]
+    backlog = [bytearray() for _ in clients]
+    work = array("d", [0.0])
+    preemptions = 0
+    staleness = 0.0
+    nxt = 0
+    for t in range(steps):
+        step[0] = t
+        while nxt < n and requests[nxt].arrival <= t:
+            rep = reps[where[nxt]]
+            rep.waiting[owner[nxt]] += 1
+            if rep.shared is not None:
+                rep.shared.submit(rep.s, nxt, requests[nxt].client, requests[nxt].prompt_len)
+            else:
+                rep.s.submit(nxt, requests[nxt].client, requests[nxt].prompt_len)
+            nxt += 1
+        for k, rep in enumerate(reps):
+            for rid in rep.s.schedule():
+                rep.waiting[owner[rid]] -= 1
+                if first_admit[rid] < 0:
+                    first_admit[rid] = t
+                    rep.work += wp * requests[rid].prompt_len
+                rep.stint[rid] = t
+                f = t + output[rid] - generated[rid] - 1
+                rep.due[rid] = f
+                heapq.heappush(rep.heap, (f, rid))
+            for rid in rep.s.decode():
+                preemptions += 1
+                rep.waiting[owner[rid]] += 1
+                generated[rid] += t - rep.stint[rid]
+                del rep.due[rid]
+            rep.work += wq * rep.s.num_running
+            rep.history.append(rep.work)
+            while rep.heap and rep.heap[0][0] <= t:
+                f, rid = heapq.heappop(rep.heap)
+                if rep.due.get(rid) == f:
+                    del rep.due[rid]
+                    rep.s.finish(rid)
+                    finish[rid] = t
+            if rep.shared is not None and (t + k * sync_interval // replicas) % sync_interval == 0:
+                rep.shared.sync(rep.s)
+        for j, c in enumerate(clients):
+            service[j].append(sum(rep.s.service(c) for rep in reps))
+            backlog[j].append(any(rep.waiting[j] > 0 for rep in reps))
+        work.append(sum(rep.work for rep in reps))
+        if mode == "global" and measure and store is not None:
+            staleness = max(staleness, _staleness(store, reps, clients))
+    result = SimResult(
+        requests=requests,
+        steps=steps,
+        M=M,
+        wp=wp,
+        wq=wq,
+        policy=policy,
+        rpm=None,
+        clients=clients,
+        weights={c: 1.0 for c in clients},
+        service={c: service[j] for j, c in enumerate(clients)},
+        backlogged={c: backlog[j] for j, c in enumerate(clients)},
+        work=work,
+        first_admit=first_admit,
+        finish=finish,
+        output_len=output,
+        preemptions=preemptions,
+    )
+    syncs = sum(rep.shared.stats.round_trips for rep in reps if rep.shared is not None)
+    span = min(2 * sync_interval, steps)
+    rate = max(
+        max(h[i] - h[i - span] for i in range(span, len(h))) / span if len(h) > span else 0.0
+        for h in (rep.history for rep in reps)
+    )
+    return ReplicaRun(
+        result, replicas, mode, sync_interval, staleness=staleness, rate=rate, syncs=syncs
+    )
+
+
+def _staleness(store: Store, reps: Sequence[_Replica], clients: Sequence[Client]) -> float:
+    """max over replicas r, tenants c waiting on r of ``true global counter(c) - counter_r(c)``."""
+    glob = store.counter if isinstance(store, LocalStore) else None
+    if glob is None:
+        glob = {encode(c): v for c, v in store.counters().items()}
+    worst = 0.0
+    for j, c in enumerate(clients):
+        key = encode(c)
+        true = glob.get(key, 0.0)
+        for rep in reps:
+            assert rep.shared is not None
+            true += rep.s.service(c) - rep.shared._acked_svc.get(key, 0.0)
+        for rep in reps:
+            if rep.waiting[j]:
+                worst = max(worst, true - rep.s.counter(c))
+    return worst
+
+
+def staleness_bound(replicas: int, sync_interval: int, rate: float, weight: float = 1.0) -> float:
+    """``eps = 2 (R - 1) S mu / w``: how far a replica's counter can lag the global one.
+
+    ``rate`` (``mu``) is the most weighted service one replica charges in a step.
+    See ``docs/distributed.md``.
+    """
+    return 2 * (replicas - 1) * sync_interval * rate / weight
+
+
+def drift_bound(
+    replicas: int, sync_interval: int, rate: float, u: float, weight: float = 1.0
+) -> float:
+    """``2 (R U + eps)``: the drift bound of global VTC over ``R`` replicas (``R = 1``: ``2U``)."""
+    return 2 * (replicas * u / weight + staleness_bound(replicas, sync_interval, rate, weight))

@@ -1,0 +1,135 @@
+"""SharedCounters and the Lua script on a real Redis: semantics, faults, the sim twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import vtc
+from vtc import distributed as D
+from vtc.sim import metrics, workloads
+
+
+def store(server, ns: str = "t") -> D.RedisStore:
+    return D.RedisStore.from_url(server.url, ns, timeout_ms=2000)
+
+
+def req(rid: str, svc=None, add=(), rem=(), pull=(), full=False, epoch="", live=10**9):
+    return D.SyncRequest(
+        rid, epoch, "e0", full, dict(svc or {}), list(add), list(rem), list(pull), live
+    )
+
+
+def test_replicas_experiment_identical_on_redis_and_twin(redis_server):
+    """The simulation's global VTC on real Redis makes exactly the twin's decisions."""
+    steps, M, R = 2000, 8192, 4
+    reqs = workloads.overloaded([1.5] * R, steps, M, seed=1)
+    runs = {}
+    for name, st in (("redis", store(redis_server, "sim")), ("local", None)):
+        runs[name] = D.simulate_replicas(
+            reqs, steps, replicas=R, mode="global", route=D.pinned_router(R), M=M, store=st
+        )
+    a, b = runs["redis"].result, runs["local"].result
+    for c in a.clients:
+        np.testing.assert_array_equal(metrics.service(a, c), metrics.service(b, c))
+    assert runs["redis"].staleness == runs["local"].staleness
+    assert runs["redis"].staleness <= runs["redis"].staleness_bound
+    # Redis holds everything but each replica's unsynced charges (< S steps of service)
+    counters = store(redis_server, "sim").counters()
+    run = runs["redis"]
+    for c in a.clients:
+        unsynced = metrics.service(a, c)[-1] - counters[c]
+        assert unsynced <= R * run.sync_interval * run.rate
+
+
+def test_global_restores_fair_split_per_replica_loses():
+    """Pinned tenant: per-replica VTC gives it ~1/N^2 of the service, global VTC ~1/N."""
+    steps, M, R = 6000, 8192, 4
+    reqs = workloads.overloaded([1.5] * R, steps, M, seed=0)
+    share = {}
+    for mode in ("per-replica", "global"):
+        run = D.simulate_replicas(reqs, steps, replicas=R, mode=mode, route=D.pinned_router(R), M=M)
+        share[mode] = metrics.shares(run.result)[0]
+        drift = metrics.max_pair_drift(run.result)
+        u = metrics.result_u(run.result)
+        if mode == "global":
+            assert drift <= D.drift_bound(R, 10, run.rate, u)
+            assert run.staleness <= run.staleness_bound
+        else:
+            assert drift > D.drift_bound(R, 10, run.rate, u) / 4
+    assert share["per-replica"] < 0.6 / R
+    assert abs(share["global"] - 1 / R) < 0.02
+
+
+def test_push_is_idempotent_and_counts_each_replica(redis_server):
+    st = store(redis_server)
+    a = st.sync(req("a", {"i:1": 10.0}, add=["i:1"], pull=["i:1"], full=True))
+    assert a.status == "ok" and a.counters == [10.0]
+    again = st.sync(req("a", {"i:1": 10.0}, pull=["i:1"], epoch=a.epoch))
+    assert again.counters == [10.0]  # a replayed cumulative total adds nothing
+    b = st.sync(req("b", {"i:1": 5.0}, pull=["i:1"], full=True))
+    assert b.counters == [15.0]
+    assert st.counters() == {1: 15.0}
+
+
+def test_lift_to_global_floor_and_leave(redis_server):
+    st = store(redis_server)
+    r = st.sync(req("a", {"i:1": 100.0, "i:2": 40.0}, add=["i:1", "i:2"], full=True))
+    assert r.floor == 40.0  # arriving together, they do not lift each other
+    # tenant 3 becomes backlogged on another replica: lifted to the floor (40), not 0
+    r = st.sync(req("b", {}, add=["i:3"], pull=["i:3"], full=True))
+    assert r.counters == [40.0]
+    # tenant 2 leaves replica a; it stays backlogged nowhere else -> out of the floor
+    r = st.sync(req("a", {}, rem=["i:2"], epoch=r.epoch))
+    assert st.backlog() == {1: 100.0, 3: 40.0}
+    # a replica that sends a diff under a stale epoch is told to resync
+    assert st.sync(req("a", {}, epoch="stale")).status == "resync"
+
+
+def test_namespaces_are_isolated(redis_server):
+    one, two = store(redis_server, "one"), store(redis_server, "two")
+    one.sync(req("a", {"s:x": 3.0}, full=True))
+    assert one.counters() == {"x": 3.0} and two.counters() == {}
+
+
+def test_dead_replica_is_reaped_from_the_backlog(redis_server):
+    st = store(redis_server)
+    st.sync(req("dead", {"i:1": 7.0}, add=["i:1"], full=True, live=50))
+    assert st.backlog() == {1: 7.0}
+    import time
+
+    time.sleep(0.12)
+    st.sync(req("live", {"i:2": 1.0}, add=["i:2"], full=True, live=50))
+    assert st.backlog() == {2: 7.0}  # tenant 1 left with the dead replica; 2 lifted to 7
+    assert st.counters()[1] == 7.0  # what the dead replica charged stays counted
+    assert st.replicas() == ["live"]
+
+
+def test_unreachable_redis_falls_back_then_reconciles(redis_server):
+    url, port = redis_server.url, redis_server.port
+    redis_server.stop()
+    s = vtc.Scheduler(4096)
+    shared = D.SharedCounters(
+        D.RedisStore.from_url(url, "t", timeout_ms=50), sync_interval=1, retry_ms=0
+    )
+    for i in range(20):
+        shared.submit(s, i, i % 2, 100)
+    served = 0
+    for _ in range(30):
+        served += len(s.schedule())
+        s.decode()
+        assert shared.on_step(s) is False
+    assert shared.degraded and served == 20  # kept serving, nothing blocked or dropped
+    assert redis_server.port == port
+    redis_server.start()
+    assert shared.on_step(s) is True and not shared.degraded
+    assert store(redis_server).counters() == pytest.approx(s.services())
+
+
+def test_from_env():
+    assert D.from_env({}) is None
+    shared = D.from_env(
+        {D.ENV_URL: "redis://127.0.0.1:1/0", D.ENV_SYNC_INTERVAL: "7", D.ENV_NAMESPACE: "x"}
+    )
+    assert shared is not None and shared.sync_interval == 7
+    assert shared.store.prefix == "vtc:{x}:"
