@@ -32,9 +32,10 @@ The rules
 * ``decode()`` without arguments is one engine iteration: each running request
   generates one token.  If the batch would outgrow ``M``, running requests are
   preempted first, from the client with the largest counter (latest admission
-  among equals; under ``fcfs`` simply the latest admission): back to the head of their client's queue, never charged again
-  for what they already paid.  If the last remaining request alone cannot
-  grow, ``CapacityError`` is raised and nothing changes.
+  among equals; under ``fcfs`` simply the latest admission): back to the head
+  of their client's queue, never charged again for what they already paid.
+  If the last remaining request alone cannot grow, ``CapacityError`` is
+  raised and nothing changes.
 * ``decode(request_ids, tokens)`` records what an engine produced; the engine
   owns memory there, so no capacity check is made (likewise ``pop()``).
 """
