@@ -1,0 +1,501 @@
+"""VTC fair scheduling for SGLang, as an SGLang general plugin.
+
+Install ``vtc`` next to SGLang and start the server with ``SGLANG_PLUGINS=vtc``:
+SGLang's plugin loader (``sglang.srt.plugins.load_plugins``) calls
+:func:`register`, which puts AROUND hooks on a handful of SGLang methods.
+Nothing else in SGLang changes: its memory checks, chunked prefill, prefix
+cache and retraction logic all run as before. The policy itself lives in one
+:class:`vtc.Scheduler` per scheduler process (the Rust core); this module only
+translates SGLang events into core calls:
+
+===========================================  =========================================
+SGLang event (hooked method)                 core call
+===========================================  =========================================
+a request enters the waiting queue           ``submit`` (which applies the lift)
+(``Scheduler._add_request_to_queue``)        or ``preempt`` if it was running
+prefill pass orders the queue                ``peek``: the core's choice goes first
+(``SchedulePolicy.calc_priority``)
+prefill pass admits a request                only the core's choice may be admitted;
+(``PrefillAdder.add_one_req``)               then ``pop(cached_len=prefix hit)``
+a batch result arrives                       ``decode`` (new output tokens),
+(``Scheduler.process_batch_result``)         ``finish`` for finished requests
+decode out of memory retracts requests       ``preempt`` (never charged twice),
+(``ScheduleBatch.retract_decode``)           ``cancel`` for the ones it aborts
+an abort removes waiting requests            ``cancel``
+(``Scheduler.abort_request``)
+===========================================  =========================================
+
+Admission follows VTC exactly: SGLang's prefill loop walks the waiting queue
+and stops at the first request that does not fit; the hooks keep the core's
+next choice right after the last admitted request, and refuse any other
+request (no skipping), so the requests SGLang admits are exactly the
+sequence ``pop()`` would give.
+
+Tenant of a request: ``sampling_params.custom_params[VTC_TENANT_KEY]``
+(default key ``"tenant"``), else ``routing_key``, else ``lora_id``, else
+:data:`DEFAULT_TENANT`. A malformed tenant value is the default tenant, never
+an error. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"``. At most ``VTC_MAX_TENANTS``
+(default 10 000) distinct tenants; later new names share the default tenant.
+
+Only the unified (non-disaggregated) scheduler is hooked; in disaggregated
+prefill/decode modes the plugin leaves SGLang's own order in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vtc import Scheduler
+
+logger = logging.getLogger(__name__)
+
+TENANT_KEY_ENV = "VTC_TENANT_KEY"
+WEIGHTS_ENV = "VTC_WEIGHTS"
+MAX_TENANTS_ENV = "VTC_MAX_TENANTS"
+#: Distinct tenants tracked before new names are billed to the default tenant
+#: (the core keeps every client it has seen; tenant names come from callers).
+DEFAULT_MAX_TENANTS = 10_000
+DEFAULT_TENANT_KEY = "tenant"
+DEFAULT_TENANT = "default"
+#: Longest tenant name accepted; a longer one is malformed (default tenant).
+MAX_TENANT_LEN = 256
+#: KV budget given to the core. SGLang owns memory (``pop`` does no KV check),
+#: so the core's budget only has to admit any prompt.
+ENGINE_M = 2**62
+
+_Req = Any  # sglang.srt.managers.schedule_batch.Req (not imported at module import time)
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def parse_weights(spec: str | None) -> dict[str, float]:
+    """Parse ``"a=2,b=1.5"`` into ``{"a": 2.0, "b": 1.5}``.
+
+    Malformed entries (no ``=``, empty tenant, a weight that is not a positive
+    finite number) are logged and skipped; they never stop the server.
+    """
+    weights: dict[str, float] = {}
+    if not spec:
+        return weights
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        tenant, sep, value = item.partition("=")
+        tenant = tenant.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or not tenant or not (math.isfinite(weight) and weight > 0.0):
+            logger.warning("vtc: ignoring malformed %s entry %r", WEIGHTS_ENV, item)
+            continue
+        weights[tenant] = weight
+    return weights
+
+
+def _clean_tenant(value: object) -> str:
+    """A tenant name from a caller-supplied value; anything malformed is the default."""
+    if isinstance(value, bool):
+        return DEFAULT_TENANT
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_LEN:
+        return value
+    return DEFAULT_TENANT
+
+
+def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
+    """The tenant a request is billed to.
+
+    ``sampling_params.custom_params[key]`` when present (a non-empty str of at
+    most :data:`MAX_TENANT_LEN` characters, or an int); a present but malformed
+    value is :data:`DEFAULT_TENANT`. Without it: ``routing_key``, then
+    ``lora_id``, then :data:`DEFAULT_TENANT`. Never raises.
+    """
+    try:
+        params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+        if isinstance(params, Mapping) and params.get(key) is not None:
+            return _clean_tenant(params[key])
+        for attr in ("routing_key", "lora_id"):
+            value = getattr(req, attr, None)
+            if value is not None:
+                return _clean_tenant(value)
+    except Exception:  # a hostile custom_params mapping must not drop the request
+        logger.debug("vtc: could not read the tenant of a request", exc_info=True)
+    return DEFAULT_TENANT
+
+
+# -- per-process state --------------------------------------------------------------------
+
+
+class VtcState:
+    """One VTC core and the bookkeeping that maps SGLang requests onto it.
+
+    SGLang runs one ``Scheduler`` per process (per TP/PP/DP rank); every rank
+    sees the same events in the same order, so every rank's core makes the
+    same decisions. Requests are identified by object identity (SGLang's
+    ``rid`` strings may repeat), mapped to dense integer ids for the core.
+    """
+
+    def __init__(
+        self,
+        tenant_key: str = DEFAULT_TENANT_KEY,
+        weights: Mapping[str, float] | None = None,
+        wp: float = 1.0,
+        wq: float = 2.0,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
+    ) -> None:
+        self.core = Scheduler(M=ENGINE_M, wp=wp, wq=wq, policy="vtc")
+        self.tenant_key = tenant_key
+        self.max_tenants = max_tenants
+        for tenant, weight in (weights or {}).items():
+            self.core.set_weight(tenant, weight)
+        self._tenants: set[str] = set(weights or {})
+        self._next_id = 0
+        self._ids: dict[int, int] = {}  # id(Req) -> core request id
+        self._reqs: dict[int, _Req] = {}  # core request id -> Req (keeps id(Req) unique)
+        self._charged: dict[int, int] = {}  # core request id -> output tokens charged
+        self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
+        self.queue: list[_Req] | None = None  # the waiting queue that pass walks
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> VtcState:
+        """Build from ``VTC_TENANT_KEY`` and ``VTC_WEIGHTS``."""
+        env = os.environ if environ is None else environ
+        key = env.get(TENANT_KEY_ENV, "").strip() or DEFAULT_TENANT_KEY
+        try:
+            max_tenants = max(1, int(env.get(MAX_TENANTS_ENV, "").strip() or DEFAULT_MAX_TENANTS))
+        except ValueError:
+            logger.warning("vtc: ignoring malformed %s", MAX_TENANTS_ENV)
+            max_tenants = DEFAULT_MAX_TENANTS
+        return cls(
+            tenant_key=key, weights=parse_weights(env.get(WEIGHTS_ENV)), max_tenants=max_tenants
+        )
+
+    # -- lookups ------------------------------------------------------------------------
+
+    def request_id(self, req: _Req) -> int | None:
+        """The core's id for a tracked request, else None."""
+        return self._ids.get(id(req))
+
+    def status(self, req: _Req) -> str | None:
+        """``"waiting"``, ``"running"`` or None (not tracked) in the core."""
+        rid = self.request_id(req)
+        return None if rid is None else self.core.status(rid)
+
+    def tracked(self) -> int:
+        """Requests this state holds a mapping for (tests: stale-state checks)."""
+        return len(self._reqs)
+
+    def tenant(self, req: _Req) -> str:
+        """The tenant of ``req`` under this state's tenant key (capped at ``max_tenants``)."""
+        name = tenant_of(req, self.tenant_key)
+        if name not in self._tenants:
+            if len(self._tenants) >= self.max_tenants:
+                return DEFAULT_TENANT
+            self._tenants.add(name)
+        return name
+
+    # -- events -------------------------------------------------------------------------
+
+    def enqueue(self, req: _Req) -> None:
+        """``req`` entered the waiting queue: a new request, or a running one sent back."""
+        rid = self.request_id(req)
+        if rid is not None:
+            status = self.core.status(rid)
+            if status == "running":
+                self.core.preempt(rid)
+                return
+            if status == "waiting":
+                return
+            self._forget(rid)
+        prompt = len(req.origin_input_ids)
+        self._next_id += 1
+        rid = self._next_id
+        self.core.submit(rid, self.tenant(req), max(1, prompt))
+        self._ids[id(req)] = rid
+        self._reqs[rid] = req
+        self._charged[rid] = len(req.output_ids)
+
+    def drop(self, req: _Req) -> None:
+        """``req`` left SGLang (aborted, rejected): release it from the core."""
+        rid = self.request_id(req)
+        if rid is None:
+            return
+        if self.core.status(rid) is not None:
+            self.core.cancel(rid)
+        self._forget(rid)
+
+    def sync_waiting(self, queue: list[_Req]) -> None:
+        """Make the core's waiting set equal to ``queue`` (a safety net: requests
+        that left or entered through paths not hooked are dropped or submitted)."""
+        present = {id(r) for r in queue}
+        for rid, req in list(self._reqs.items()):
+            if id(req) not in present and self.core.status(rid) == "waiting":
+                self.drop(req)
+        if self.core.num_waiting != len(queue):
+            for req in queue:
+                if self.status(req) != "waiting":
+                    self.enqueue(req)
+
+    def put_head_first(self, queue: list[_Req]) -> None:
+        """Move the core's next choice to the front of SGLang's waiting queue."""
+        self.queue = queue
+        head = self.core.peek()
+        if head is None:
+            return
+        self._move_after(queue, self._reqs[head], -1)
+
+    def is_head(self, req: _Req) -> bool:
+        """Whether ``req`` is the request the core would admit next."""
+        rid = self.request_id(req)
+        return rid is not None and rid == self.core.peek()
+
+    def admitted(self, req: _Req) -> None:
+        """SGLang admitted ``req`` (the core's head) to a prefill batch: charge it.
+
+        Only computed prompt tokens are charged; the prefix-cache hit SGLang
+        found (``req.prefix_len``) is free. A preempted request pays nothing.
+        Then the core's next choice is moved right after ``req`` in the queue
+        SGLang is walking.
+        """
+        prompt = max(1, len(req.origin_input_ids))
+        cached = min(max(0, int(req.prefix_len)), prompt)
+        self.core.pop(cached_len=cached)
+        queue = self.queue
+        head = self.core.peek()
+        if queue is None or head is None:
+            return
+        pos = next((i for i, r in enumerate(queue) if r is req), None)
+        if pos is not None:
+            self._move_after(queue, self._reqs[head], pos)
+
+    @staticmethod
+    def _move_after(queue: list[_Req], req: _Req, pos: int) -> None:
+        """Move ``req`` to index ``pos + 1`` if it sits later; the list object is
+        kept (SGLang is iterating over it)."""
+        at = next((i for i in range(pos + 1, len(queue)) if queue[i] is req), None)
+        if at is not None and at != pos + 1:
+            queue[pos + 1 : at + 1] = [req, *queue[pos + 1 : at]]
+
+    def batch_done(self, reqs: list[_Req]) -> None:
+        """A batch result was processed: charge new output tokens, release finished requests."""
+        ids: list[int] = []
+        tokens: list[int] = []
+        seen: set[int] = set()
+        for req in reqs:
+            rid = self.request_id(req)
+            if rid is None or rid in seen or self.core.status(rid) != "running":
+                continue
+            seen.add(rid)
+            n = len(req.output_ids)
+            if n > self._charged[rid]:
+                ids.append(rid)
+                tokens.append(n - self._charged[rid])
+                self._charged[rid] = n
+        if ids:
+            self.core.decode(ids, tokens)
+        for req in reqs:
+            if req.finished():
+                rid = self.request_id(req)
+                if rid is None:
+                    continue
+                if self.core.status(rid) == "running":
+                    self.core.finish(rid)
+                elif self.core.status(rid) == "waiting":
+                    self.core.cancel(rid)
+                self._forget(rid)
+
+    def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
+        """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""
+        for req in reqs:
+            rid = self.request_id(req)
+            if rid is not None and self.core.status(rid) == "running":
+                self.core.preempt(rid)
+        for req in aborted:
+            self.drop(req)
+
+    def _forget(self, rid: int) -> None:
+        req = self._reqs.pop(rid, None)
+        if req is not None:
+            self._ids.pop(id(req), None)
+        self._charged.pop(rid, None)
+
+
+_STATE: VtcState | None = None
+
+
+def get_state() -> VtcState:
+    """This process's VTC state, created from the environment on first use."""
+    global _STATE
+    if _STATE is None:
+        _STATE = VtcState.from_env()
+    return _STATE
+
+
+def reset_state(state: VtcState | None = None) -> None:
+    """Replace this process's state (tests; ``None``: rebuilt from the environment)."""
+    global _STATE
+    _STATE = state
+
+
+def _guarded(what: str, fn: Callable[[], Any]) -> Any:
+    """Run a bookkeeping step; log and swallow any error so SGLang keeps serving."""
+    try:
+        return fn()
+    except Exception:
+        logger.exception("vtc: %s failed; SGLang continues without it for this step", what)
+        return None
+
+
+# -- hooks (HookType.AROUND: hook(original, *args, **kwargs)) ------------------------------
+
+
+def _is_unified(scheduler: Any) -> bool:
+    mode = getattr(scheduler, "disaggregation_mode", None)
+    return getattr(mode, "value", mode) in (None, "null")
+
+
+def _hook_add_request_to_queue(
+    original: Callable[..., Any], scheduler: Any, req: _Req, *args: Any, **kwargs: Any
+) -> Any:
+    """Arrival (and return of a retracted/preempted request): submit to the core."""
+    result = original(scheduler, req, *args, **kwargs)
+    queue = getattr(scheduler, "waiting_queue", None)
+    if _is_unified(scheduler) and queue and queue[-1] is req:
+        _guarded("submit", lambda: get_state().enqueue(req))
+    return result
+
+
+def _hook_get_new_batch_prefill_raw(
+    original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Scope the ordering and admission hooks to the unified prefill pass."""
+    if not _is_unified(scheduler):
+        return original(scheduler, *args, **kwargs)
+    state = get_state()
+    if not scheduler.waiting_queue and state.core.num_waiting:
+        _guarded("sync", lambda: state.sync_waiting(scheduler.waiting_queue))
+    state.in_pass, state.queue = True, None
+    try:
+        return original(scheduler, *args, **kwargs)
+    finally:
+        state.in_pass, state.queue = False, None
+
+
+def _hook_calc_priority(
+    original: Callable[..., Any], policy: Any, waiting_queue: list[_Req], *args: Any, **kwargs: Any
+) -> Any:
+    """Let SGLang match prefixes as usual, then put the core's choice first."""
+    result = original(policy, waiting_queue, *args, **kwargs)
+    state = get_state()
+    if state.in_pass:
+
+        def order() -> None:
+            state.sync_waiting(waiting_queue)
+            state.put_head_first(waiting_queue)
+
+        _guarded("ordering", order)
+    return result
+
+
+def _hook_add_one_req(
+    original: Callable[..., Any], adder: Any, req: _Req, *args: Any, **kwargs: Any
+) -> Any:
+    """Admit only the core's next choice; charge it once SGLang has really admitted it."""
+    state = get_state()
+    if not state.in_pass or state.queue is None:
+        return original(adder, req, *args, **kwargs)
+    head = _guarded("peek", lambda: state.is_head(req))
+    if head is False:
+        from sglang.srt.managers.schedule_policy import AddReqResult
+
+        return AddReqResult.OTHER  # no skipping: the pass ends here
+    before = len(adder.can_run_list)
+    result = original(adder, req, *args, **kwargs)
+    if head and len(adder.can_run_list) > before and adder.can_run_list[-1] is req:
+        _guarded("admission", lambda: state.admitted(req))
+    return result
+
+
+def _hook_process_batch_result(
+    original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Charge the tokens a batch generated and release the requests that finished."""
+    result = original(scheduler, batch, *args, **kwargs)
+    reqs = list(getattr(batch, "reqs", None) or [])
+    if reqs:
+        _guarded("batch result", lambda: get_state().batch_done(reqs))
+    return result
+
+
+def _hook_retract_decode(
+    original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """SGLang's retraction is VTC's preemption: no second prefill charge."""
+    result = original(batch, *args, **kwargs)
+    retracted, _ratio, aborted = result
+    _guarded("retraction", lambda: get_state().retracted(list(retracted), list(aborted)))
+    return result
+
+
+def _hook_abort_request(
+    original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Waiting requests an abort removed leave the core too (running ones finish)."""
+    before = list(getattr(scheduler, "waiting_queue", None) or [])
+    result = original(scheduler, *args, **kwargs)
+    if before:
+
+        def release() -> None:
+            after = {id(r) for r in scheduler.waiting_queue}
+            state = get_state()
+            for req in before:
+                if id(req) not in after:
+                    state.drop(req)
+
+        _guarded("abort", release)
+    return result
+
+
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+HOOKS: dict[str, Callable[..., Any]] = {
+    f"{_SCHEDULER}._add_request_to_queue": _hook_add_request_to_queue,
+    f"{_SCHEDULER}._get_new_batch_prefill_raw": _hook_get_new_batch_prefill_raw,
+    f"{_SCHEDULER}.process_batch_result": _hook_process_batch_result,
+    f"{_SCHEDULER}.abort_request": _hook_abort_request,
+    "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority": _hook_calc_priority,
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": _hook_add_one_req,
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode": _hook_retract_decode,
+}
+"""Target (dotted path) -> AROUND hook, as registered by :func:`register`."""
+
+_registered = False
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: register the AROUND hooks.
+
+    SGLang's ``load_plugins()`` calls this with no arguments and then applies
+    the hooks (``HookRegistry.apply_hooks()``). Idempotent.
+    """
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    state = get_state()  # configuration errors surface here, before any hook exists
+    for target, hook in HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    _registered = True
+    logger.info(
+        "vtc: VTC fair scheduling hooks registered (tenant key %r, weights %s)",
+        state.tenant_key,
+        {t: state.core.weight(t) for t in state.core.clients()},
+    )

@@ -1,0 +1,270 @@
+"""vtc.sglang against SGLang 0.5.23's real scheduler classes (see conftest.py)."""
+
+from __future__ import annotations
+
+import array
+
+import pytest
+import torch
+from conftest import arrive, make_req, make_scheduler, prefill_pass, step
+from sglang.srt.managers.io_struct import AbortReq
+from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+
+import vtc.sglang as vs
+
+
+def core():
+    return vs.get_state().core
+
+
+def test_hooks_are_installed_on_sglang_classes() -> None:
+    for fn in (
+        Scheduler._add_request_to_queue,
+        Scheduler._get_new_batch_prefill_raw,
+        Scheduler.process_batch_result,
+        Scheduler.abort_request,
+        SchedulePolicy.calc_priority,
+        PrefillAdder.add_one_req,
+        ScheduleBatch.retract_decode,
+    ):
+        assert hasattr(fn, "__wrapped__"), fn
+
+
+def test_tenants_drain_in_vtc_order() -> None:
+    s = make_scheduler()
+    a = [make_req("a", 8) for _ in range(4)]
+    b = [make_req("b", 8) for _ in range(2)]
+    arrive(s, *a, *b)  # SGLang's FCFS order would be a0 a1 a2 a3 b0 b1
+    admitted = prefill_pass(s)
+    # least counter first, ties to the older head: a0 (a=8), b0 (b=8), a1, b1, a2, a3
+    assert admitted == [a[0], b[0], a[1], b[1], a[2], a[3]]
+    assert core().counters() == {"a": 32.0, "b": 16.0}
+    assert s.waiting_queue == [] and core().num_waiting == 0 and core().num_running == 6
+
+
+def test_admission_stops_at_the_core_choice_without_skipping() -> None:
+    s = make_scheduler()
+    s.max_prefill_tokens = 20  # room for two 8-token prompts per pass
+    a = [make_req("a", 8) for _ in range(3)]
+    b = [make_req("b", 8) for _ in range(3)]
+    arrive(s, *a, *b)
+    assert prefill_pass(s) == [a[0], b[0]]
+    assert prefill_pass(s) == [a[1], b[1]]
+    # the queue SGLang keeps now starts with the core's next choice
+    assert s.waiting_queue[0] is a[2] and core().peek() == vs.get_state().request_id(a[2])
+
+
+def test_decode_is_charged_from_process_batch_result() -> None:
+    s = make_scheduler()
+    a, b = make_req("a", 4), make_req("b", 4)
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    assert core().counters() == {"a": 4.0, "b": 4.0}
+    s.model.tokens = {a.rid: 3}  # e.g. speculative decoding: 3 tokens in one step
+    step(s, running)
+    assert core().counter("a") == 4.0 + 2.0 * 3
+    assert core().counter("b") == 4.0 + 2.0 * 1
+    step(s, running)  # tokens already charged are never charged again
+    assert core().counter("a") == 4.0 + 2.0 * 6
+    assert core().generated(vs.get_state().request_id(a)) == 6
+
+
+def test_returning_tenant_is_placed_at_the_active_floor() -> None:
+    s = make_scheduler()
+    s.max_prefill_tokens = 10  # one 8-token prompt per pass
+    a = [make_req("a", 8) for _ in range(6)]
+    b = [make_req("b", 8) for _ in range(6)]
+    c_old = make_req("c", 8)
+    arrive(s, c_old)
+    assert prefill_pass(s) == [c_old]
+    s.model.finish.add(c_old.rid)
+    step(s, [c_old])  # c finishes and goes idle with counter 8 + 2
+    assert core().counter("c") == 10.0
+    arrive(s, *a, *b)
+    for _ in range(6):
+        running = prefill_pass(s)
+        step(s, running)
+    floor = min(core().counter("a"), core().counter("b"))
+    assert floor > 30.0  # a and b were served far beyond c's 10 while c was idle
+    c_new = make_req("c", 8)
+    arrive(s, c_new)
+    assert core().counter("c") == floor  # lifted: no banked credit for idle time
+    # c is not given a burst: the others are served before c is served twice
+    more_c = [make_req("c", 8) for _ in range(3)]
+    arrive(s, *more_c)
+    order = []
+    for _ in range(4):
+        order += [vs.get_state().tenant(r) for r in prefill_pass(s)]
+    assert order.count("c") <= 2 and set(order) == {"a", "b", "c"}
+
+
+def test_prefix_cache_hit_is_not_charged() -> None:
+    tc = RadixCache.create_simulated()
+    s = make_scheduler(tc)
+    shared = list(range(100, 132))  # a 32-token system prompt already in the cache
+    key = RadixKey(token_ids=array.array("q", shared))
+    tc.insert(InsertParams(key=key, value=torch.arange(32)))
+    hit = make_req("a", tokens=shared + [1, 2, 3, 4, 5, 6, 7, 8])
+    miss = make_req("b", tokens=list(range(500, 540)))
+    arrive(s, hit, miss)
+    assert set(prefill_pass(s)) == {hit, miss}
+    assert hit.prefix_len == 32 and miss.prefix_len == 0
+    assert core().counter("a") == 40.0 - 32.0  # only the 8 computed tokens
+    assert core().counter("b") == 40.0
+
+
+def test_abort_of_a_waiting_request_frees_its_state() -> None:
+    s = make_scheduler()
+    a, b, b2 = make_req("a"), make_req("b"), make_req("b")
+    arrive(s, a, b, b2)
+    state = vs.get_state()
+    rid_a = state.request_id(a)
+    Scheduler.abort_request(s, AbortReq(rid=a.rid))
+    assert a not in s.waiting_queue
+    assert core().status(rid_a) is None and state.request_id(a) is None
+    assert core().num_waiting == 2 and state.tracked() == 2
+    assert core().counter("a") == 0.0  # never admitted, never charged
+    assert prefill_pass(s) == [b, b2]
+
+
+def test_abort_of_a_running_request_frees_its_state() -> None:
+    s = make_scheduler()
+    a, b = make_req("a"), make_req("b")
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    a.to_finish = FINISH_ABORT()  # what abort_request does to a running request
+    a.finished_reason, a.to_finish = a.to_finish, None
+    step(s, running)
+    state = vs.get_state()
+    assert state.request_id(a) is None and core().num_running == 1 and state.tracked() == 1
+    s.model.finish.add(b.rid)
+    step(s, [b])
+    assert state.tracked() == 0 and core().num_running == 0 and core().num_waiting == 0
+
+
+def test_retraction_is_preemption_and_never_double_charged() -> None:
+    s = make_scheduler()
+    a, b = make_req("a", 8), make_req("b", 8)
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    s.model.tokens = {a.rid: 3, b.rid: 3}
+    step(s, running)
+    charged = core().counter("a")
+    assert charged == 8.0 + 2.0 * 3
+    # decode ran out of KV: SGLang retracts `a` (ScheduleBatch.retract_decode, hooked)
+    # and puts it back through Scheduler._add_request_to_queue(is_retracted=True).
+    vs._hook_retract_decode(lambda batch: ([a], 0.5, []), ScheduleBatch(reqs=running))
+    a.reset_for_retract()
+    Scheduler._add_request_to_queue(s, a, is_retracted=True)
+    s.running_batch.reqs.remove(a)
+    state = vs.get_state()
+    assert core().status(state.request_id(a)) == "waiting" and s.waiting_queue == [a]
+    assert core().counter("a") == charged  # retraction itself costs nothing
+    assert prefill_pass(s) == [a]  # recomputed prompt + 3 outputs: not charged again
+    assert core().counter("a") == charged
+    s.model.tokens = {a.rid: 1}
+    step(s, [a])
+    assert core().counter("a") == charged + 2.0  # only the new token
+    assert core().generated(state.request_id(a)) == 4
+
+
+def test_retraction_without_the_retract_hook_is_also_preemption() -> None:
+    """A running request that comes back through _add_request_to_queue by another path
+    (e.g. priority preemption's preempt_list) is preempted, not submitted again."""
+    s = make_scheduler()
+    a = make_req("a", 8)
+    arrive(s, a)
+    prefill_pass(s)
+    a.reset_for_retract()
+    Scheduler._add_request_to_queue(s, a)
+    assert core().status(vs.get_state().request_id(a)) == "waiting"
+    prefill_pass(s)
+    assert core().counter("a") == 8.0
+
+
+def test_request_that_bypassed_the_arrival_hook_is_still_scheduled() -> None:
+    s = make_scheduler()
+    a, b = make_req("a"), make_req("b")
+    arrive(s, a)
+    s.waiting_queue.append(b)  # e.g. a disaggregation or grammar path we do not hook
+    assert set(prefill_pass(s)) == {a, b}
+    assert core().counter("b") == 8.0 and vs.get_state().tracked() == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "tenant"),
+    [
+        ({"tenant": "acme"}, "acme"),
+        ({"tenant": 42}, "42"),
+        ({"custom_params": {"tenant": "acme"}, "routing_key": "rk"}, "acme"),
+        ({"routing_key": "rk", "lora_id": "lora-1"}, "rk"),
+        ({"lora_id": "lora-1"}, "lora-1"),
+        ({}, vs.DEFAULT_TENANT),
+        ({"tenant": ""}, vs.DEFAULT_TENANT),
+        ({"tenant": True}, vs.DEFAULT_TENANT),
+        ({"tenant": {"nested": 1}}, vs.DEFAULT_TENANT),
+        ({"tenant": ["x"], "routing_key": "rk"}, vs.DEFAULT_TENANT),
+        ({"tenant": "x" * (vs.MAX_TENANT_LEN + 1)}, vs.DEFAULT_TENANT),
+    ],
+)
+def test_tenant_of_a_request(kwargs: dict, tenant: str) -> None:
+    assert vs.tenant_of(make_req(**kwargs)) == tenant
+
+
+def test_malformed_tenant_is_served_as_the_default_tenant() -> None:
+    s = make_scheduler()
+    bad = make_req({"not": "a name"})
+    arrive(s, bad)
+    assert prefill_pass(s) == [bad]
+    assert core().counter(vs.DEFAULT_TENANT) == 8.0
+
+
+def test_tenant_key_and_weights_from_the_environment() -> None:
+    state = vs.VtcState.from_env(
+        {"VTC_TENANT_KEY": "org", "VTC_WEIGHTS": "gold=2, free=0.5,bad,neg=-1,nan=nan,=3"}
+    )
+    assert state.tenant(make_req(custom_params={"org": "gold", "tenant": "x"})) == "gold"
+    assert state.core.weight("gold") == 2.0 and state.core.weight("free") == 0.5
+    assert state.core.weight("neg") == 1.0 and set(state.core.clients()) == {"gold", "free"}
+    assert vs.parse_weights(None) == {} and vs.parse_weights("a=1=2") == {}
+
+
+def test_weighted_tenant_gets_its_share() -> None:
+    vs.reset_state(vs.VtcState(weights={"gold": 2.0}))
+    s = make_scheduler()
+    gold = [make_req("gold", 8) for _ in range(6)]
+    free = [make_req("free", 8) for _ in range(6)]
+    arrive(s, *gold, *free)
+    s.max_prefill_tokens = 8 * 6 + 1
+    admitted = [vs.get_state().tenant(r) for r in prefill_pass(s)]
+    assert admitted.count("gold") == 4 and admitted.count("free") == 2
+
+
+def test_a_request_sglang_skips_blocks_the_pass_instead_of_being_overtaken() -> None:
+    """SGLang's loop `continue`s past a request whose LoRA adapter cannot be loaded;
+    VTC does not let the next request overtake the core's choice (no skipping)."""
+    s = make_scheduler()
+    head, other = make_req("a", lora_id="adapter-x"), make_req("b")
+    arrive(s, head, other)
+    blocked = {head.rid}
+    s.enable_lora = True
+    s.can_schedule_lora_req = lambda req, _loras: req.rid not in blocked
+    assert prefill_pass(s) == []
+    assert core().num_running == 0 and core().counters() == {"a": 0.0, "b": 0.0}
+    blocked.clear()  # the adapter slot frees up
+    assert prefill_pass(s) == [head, other]
+
+
+def test_new_tenant_names_beyond_the_cap_share_the_default_tenant() -> None:
+    vs.reset_state(vs.VtcState(max_tenants=2))
+    s = make_scheduler()
+    reqs = [make_req(name) for name in ("a", "b", "c", "a")]
+    arrive(s, *reqs)
+    prefill_pass(s)
+    assert set(core().clients()) == {"a", "b", vs.DEFAULT_TENANT}
+    assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "3"}).max_tenants == 3
+    assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "x"}).max_tenants == vs.DEFAULT_MAX_TENANTS
