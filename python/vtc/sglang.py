@@ -34,8 +34,10 @@ sequence ``pop()`` would give.
 Tenant of a request: ``sampling_params.custom_params[VTC_TENANT_KEY]``
 (default key ``"tenant"``), else ``routing_key``, else ``lora_id``, else
 :data:`DEFAULT_TENANT`. A malformed tenant value is the default tenant, never
-an error. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"``. At most ``VTC_MAX_TENANTS``
-(default 10 000) distinct tenants; later new names share the default tenant.
+an error. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"``. Idle tenants whose
+state can no longer affect a decision are forgotten every
+:data:`FORGET_EVERY` arrivals (``vtc.Scheduler.forget_idle``), so memory
+follows the live tenants, not every tenant ever seen.
 
 Only the unified (non-disaggregated) scheduler is hooked; in disaggregated
 prefill/decode modes the plugin leaves SGLang's own order in place.
@@ -55,10 +57,10 @@ logger = logging.getLogger(__name__)
 
 TENANT_KEY_ENV = "VTC_TENANT_KEY"
 WEIGHTS_ENV = "VTC_WEIGHTS"
-MAX_TENANTS_ENV = "VTC_MAX_TENANTS"
 #: Distinct tenants tracked before new names are billed to the default tenant
 #: (the core keeps every client it has seen; tenant names come from callers).
-DEFAULT_MAX_TENANTS = 10_000
+FORGET_EVERY = 4096
+"""Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 DEFAULT_TENANT_KEY = "tenant"
 DEFAULT_TENANT = "default"
 #: Longest tenant name accepted; a longer one is malformed (default tenant).
@@ -149,14 +151,11 @@ class VtcState:
         weights: Mapping[str, float] | None = None,
         wp: float = 1.0,
         wq: float = 2.0,
-        max_tenants: int = DEFAULT_MAX_TENANTS,
     ) -> None:
         self.core = Scheduler(M=ENGINE_M, wp=wp, wq=wq, policy="vtc")
         self.tenant_key = tenant_key
-        self.max_tenants = max_tenants
         for tenant, weight in (weights or {}).items():
             self.core.set_weight(tenant, weight)
-        self._tenants: set[str] = set(weights or {})
         self._next_id = 0
         self._ids: dict[int, int] = {}  # id(Req) -> core request id
         self._reqs: dict[int, _Req] = {}  # core request id -> Req (keeps id(Req) unique)
@@ -169,14 +168,7 @@ class VtcState:
         """Build from ``VTC_TENANT_KEY`` and ``VTC_WEIGHTS``."""
         env = os.environ if environ is None else environ
         key = env.get(TENANT_KEY_ENV, "").strip() or DEFAULT_TENANT_KEY
-        try:
-            max_tenants = max(1, int(env.get(MAX_TENANTS_ENV, "").strip() or DEFAULT_MAX_TENANTS))
-        except ValueError:
-            logger.warning("vtc: ignoring malformed %s", MAX_TENANTS_ENV)
-            max_tenants = DEFAULT_MAX_TENANTS
-        return cls(
-            tenant_key=key, weights=parse_weights(env.get(WEIGHTS_ENV)), max_tenants=max_tenants
-        )
+        return cls(tenant_key=key, weights=parse_weights(env.get(WEIGHTS_ENV)))
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -194,13 +186,8 @@ class VtcState:
         return len(self._reqs)
 
     def tenant(self, req: _Req) -> str:
-        """The tenant of ``req`` under this state's tenant key (capped at ``max_tenants``)."""
-        name = tenant_of(req, self.tenant_key)
-        if name not in self._tenants:
-            if len(self._tenants) >= self.max_tenants:
-                return DEFAULT_TENANT
-            self._tenants.add(name)
-        return name
+        """The tenant of ``req`` under this state's tenant key."""
+        return tenant_of(req, self.tenant_key)
 
     # -- events -------------------------------------------------------------------------
 
@@ -218,6 +205,8 @@ class VtcState:
         prompt = len(req.origin_input_ids)
         self._next_id += 1
         rid = self._next_id
+        if rid % FORGET_EVERY == 0:
+            self.core.forget_idle()
         self.core.submit(rid, self.tenant(req), max(1, prompt))
         self._ids[id(req)] = rid
         self._reqs[rid] = req

@@ -259,12 +259,20 @@ def test_a_request_sglang_skips_blocks_the_pass_instead_of_being_overtaken() -> 
     assert prefill_pass(s) == [head, other]
 
 
-def test_new_tenant_names_beyond_the_cap_share_the_default_tenant() -> None:
-    vs.reset_state(vs.VtcState(max_tenants=2))
+def test_many_tenants_are_kept_apart_and_idle_ones_forgotten() -> None:
+    """Every tenant name keeps its own counter however many there are; idle
+    tenants below the floor are forgotten every FORGET_EVERY arrivals."""
+    vs.reset_state(vs.VtcState())
     s = make_scheduler()
-    reqs = [make_req(name) for name in ("a", "b", "c", "a")]
-    arrive(s, *reqs)
+    names = [f"t{i}" for i in range(vs.FORGET_EVERY + 50)]
+    for name in names[:20]:
+        arrive(s, make_req(name))
     prefill_pass(s)
-    assert set(core().clients()) == {"a", "b", vs.DEFAULT_TENANT}
-    assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "3"}).max_tenants == 3
-    assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "x"}).max_tenants == vs.DEFAULT_MAX_TENANTS
+    assert set(core().clients()) >= set(names[:20])  # no name folded into another
+    for req in list(s.running_batch.reqs):  # all aborted: 20 idle tenants at the floor
+        vs.get_state().drop(req)
+    assert core().num_running == 0
+    for name in names[20:]:
+        arrive(s, make_req(name))
+    assert vs.DEFAULT_TENANT not in core().clients()
+    assert core().num_clients < len(names)  # the sweep ran and forgot idle tenants
