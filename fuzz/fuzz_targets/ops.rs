@@ -1,0 +1,126 @@
+//! Arbitrary operation sequences on the core. After every operation:
+//! no panic; every structural invariant (`check_invariants`); each request
+//! is in exactly the state a simple model says (waiting / running / ended);
+//! counters never decrease; a failed operation changed nothing; and, until
+//! an engine-mode call (`pop`, `decode(ids, tokens)`) hands memory to the
+//! engine, occupancy never exceeds M.
+#![no_main]
+
+use std::collections::HashMap;
+
+use libfuzzer_sys::fuzz_target;
+use vtc_core::{ClientId, CoreError, Policy, RequestState, Scheduler, Tokens};
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum St {
+    Waiting,
+    Running,
+}
+
+fn fingerprint(s: &Scheduler, clients: &[ClientId]) -> (u64, usize, usize, Vec<(u64, u64)>) {
+    let cs = clients
+        .iter()
+        .filter_map(|&c| s.client(c).ok())
+        .map(|c| (c.counter().to_bits(), c.service().to_bits()))
+        .collect();
+    (s.occupancy(), s.num_waiting(), s.num_running(), cs)
+}
+
+fuzz_target!(|data: &[u8]| {
+    if data.len() < 2 {
+        return;
+    }
+    let budget = [8i64, 32, 100, 1000][(data[0] & 3) as usize];
+    let policy = [Policy::Vtc, Policy::Lcf, Policy::Fcfs, Policy::Vtc][((data[0] >> 2) & 3) as usize];
+    let wq = [2.0, 1.0, 0.5, 3.0][((data[0] >> 4) & 3) as usize];
+    let mut s = Scheduler::new(budget, 1.0, wq, policy).unwrap();
+    let mut clients: Vec<ClientId> = (0..4).map(|_| s.add_client()).collect();
+    let mut model: HashMap<u64, St> = HashMap::new();
+    let mut engine_mode = false;
+    let mut prev: Vec<f64> = vec![0.0; clients.len()];
+    let mut out = Vec::new();
+    for op in data[1..].chunks(4) {
+        let b = |i: usize| *op.get(i).unwrap_or(&0);
+        let rid = (b(1) % 32) as u64;
+        let c = clients[(b(2) % clients.len() as u8) as usize];
+        let before = fingerprint(&s, &clients);
+        let res: Result<(), CoreError> = match b(0) % 12 {
+            0 | 1 | 2 => {
+                let p = b(3) as i64 % (budget + 2) - 1;
+                let r = s.submit_cached(rid, c, p, (b(3) % 4) as i64);
+                if r.is_ok() {
+                    model.insert(rid, St::Waiting);
+                }
+                r
+            }
+            3 | 4 => {
+                out.clear();
+                s.schedule(&mut out);
+                for r in &out {
+                    assert_eq!(model.insert(*r, St::Running), Some(St::Waiting));
+                }
+                Ok(())
+            }
+            5 | 6 => {
+                out.clear();
+                let r = s.decode_step(&mut out);
+                for p in &out {
+                    assert_eq!(model.insert(*p, St::Waiting), Some(St::Running));
+                }
+                r
+            }
+            7 => {
+                let ids: Vec<u64> = (0..b(3) % 4).map(|k| (rid + k as u64) % 32).collect();
+                let toks: Vec<i64> = ids.iter().map(|&i| (i as i64 % 5) - (b(2) % 7 == 0) as i64).collect();
+                let r = s.decode(&ids, Tokens::PerRequest(&toks));
+                engine_mode |= r.is_ok();
+                r
+            }
+            8 => s.finish(rid).inspect(|_| assert_eq!(model.remove(&rid), Some(St::Running))),
+            9 => s.cancel(rid).inspect(|_| assert!(model.remove(&rid).is_some())),
+            10 => s.preempt(rid).inspect(|_| {
+                assert_eq!(model.insert(rid, St::Waiting), Some(St::Running));
+            }),
+            _ => match b(3) % 4 {
+                0 => {
+                    if let Some(r) = s.pop() {
+                        engine_mode = true;
+                        assert_eq!(model.insert(r, St::Running), Some(St::Waiting));
+                    }
+                    Ok(())
+                }
+                1 => s.set_weight(c, [0.5, 1.0, 2.0, -1.0][(b(1) & 3) as usize]),
+                2 => s.raise_counter(c, b(1) as f64 * 10.0),
+                _ => {
+                    let mut gone = Vec::new();
+                    s.forget_idle(&mut gone);
+                    for g in &gone {
+                        clients.retain(|x| x != g);
+                    }
+                    while clients.len() < 4 {
+                        clients.push(s.add_client());
+                    }
+                    prev = clients.iter().map(|&c| s.counter(c).unwrap()).collect();
+                    Ok(())
+                }
+            },
+        };
+        if res.is_err() {
+            assert_eq!(fingerprint(&s, &clients), before, "a failed operation changed state");
+        }
+        s.check_invariants().unwrap();
+        for (&r, &st) in &model {
+            let want = if st == St::Waiting { RequestState::Waiting } else { RequestState::Running };
+            assert_eq!(s.status(r), Some(want), "request {r}");
+        }
+        assert_eq!(s.num_waiting() + s.num_running(), model.len());
+        if !engine_mode {
+            assert!(s.occupancy() <= budget as u64);
+        }
+        for (i, &c) in clients.iter().enumerate() {
+            let v = s.counter(c).unwrap();
+            assert!(v >= prev[i], "counter decreased");
+            prev[i] = v;
+        }
+    }
+});
