@@ -1,0 +1,112 @@
+"""A hypothesis state machine over the Python object: after every operation,
+no request is lost or duplicated, counters never decrease, and occupancy
+stays within M (the engine-mode calls that hand memory to the engine are
+left out here; the fuzz target covers them)."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import vtc
+
+CLIENTS = st.sampled_from(["a", "b", "c", 1, 2])
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.M = 64
+        self.s = vtc.Scheduler(M=self.M, wp=1.0, wq=2.0)
+        self.model: dict[int, str] = {}  # live request -> "waiting" | "running"
+        self.ended: set[int] = set()
+        self.next_rid = 0
+        self.prev: dict = {}
+
+    @rule(client=CLIENTS, prompt=st.integers(-2, 70), cached=st.integers(0, 3))
+    def submit(self, client, prompt, cached):
+        self.next_rid += 1
+        rid = self.next_rid
+        try:
+            self.s.submit(rid, client, prompt, cached_len=cached)
+        except vtc.InvalidArgumentError:
+            assert prompt < 1 or prompt > self.M or cached > prompt
+            return
+        self.model[rid] = "waiting"
+
+    @rule()
+    def schedule(self):
+        for rid in self.s.schedule():
+            assert self.model[rid] == "waiting"
+            self.model[rid] = "running"
+
+    @rule()
+    def decode(self):
+        try:
+            preempted = self.s.decode()
+        except vtc.CapacityError:
+            (lone,) = self.s.running()
+            self.s.finish(lone)
+            del self.model[lone]
+            self.ended.add(lone)
+            return
+        for rid in preempted:
+            assert self.model[rid] == "running"
+            self.model[rid] = "waiting"
+
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def end_one(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.model)))
+        if self.model[rid] == "running" and data.draw(st.booleans()):
+            self.s.finish(rid)
+        else:
+            self.s.cancel(rid)
+        del self.model[rid]
+        self.ended.add(rid)
+
+    @precondition(lambda self: any(v == "running" for v in self.model.values()))
+    @rule(data=st.data())
+    def preempt(self, data):
+        rid = data.draw(st.sampled_from(sorted(r for r, v in self.model.items() if v == "running")))
+        self.s.preempt(rid)
+        self.model[rid] = "waiting"
+
+    @precondition(lambda self: self.ended)
+    @rule(data=st.data())
+    def ended_ids_are_unknown(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.ended)))
+        if rid not in self.model:
+            for op in (self.s.finish, self.s.cancel, self.s.preempt):
+                try:
+                    op(rid)
+                except vtc.UnknownRequestError:
+                    continue
+                raise AssertionError(f"{op.__name__}({rid}) accepted an ended request")
+
+    @rule()
+    def forget(self):
+        self.s.forget_idle()
+        self.prev = {c: v for c, v in self.prev.items() if c in self.s.counters()}
+
+    @invariant()
+    def every_request_in_exactly_one_place(self):
+        for rid, where in self.model.items():
+            assert self.s.status(rid) == where
+        assert self.s.num_waiting == sum(v == "waiting" for v in self.model.values())
+        assert self.s.num_running == sum(v == "running" for v in self.model.values())
+        assert set(self.s.running()) == {r for r, v in self.model.items() if v == "running"}
+
+    @invariant()
+    def counters_never_decrease_and_occupancy_fits(self):
+        counters = self.s.counters()
+        for c, v in counters.items():
+            assert v >= self.prev.get(c, 0.0)
+        self.prev = counters
+        assert self.s.occupancy <= self.M
+        self.s._check_invariants()
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
