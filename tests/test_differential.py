@@ -39,6 +39,9 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
             rid = next_rid[0]
             known.append(rid)
         p = rng.choice([1, 2, 5, 16, 40, M // 3, M // 2, M, M + 1, 0, -3, rng.randint(1, M)])
+        if rng.random() < 0.2:  # a predicted output length (sometimes an invalid one)
+            cached = rng.choice([None, 0, rng.randint(0, max(p, 0))])
+            return "submit", (rid, rng.choice(CLIENTS), p, cached, rng.choice([-1, 0, 1, 3, 8, 40]))
         if rng.random() < 0.3:  # a prefix-cache hit (sometimes an invalid one)
             return "submit", (rid, rng.choice(CLIENTS), p, rng.randint(-1, max(p, 0) + 1))
         return "submit", (rid, rng.choice(CLIENTS), p)
@@ -75,13 +78,40 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
     return "set_weight", (rng.choice(CLIENTS), w)
 
 
+def _random_accounting(rng: random.Random, M: int) -> dict:
+    """Half the sequences run plain linear VTC; the rest a non-linear cost
+    and/or a per-client cap."""
+    kwargs: dict = {}
+    r = rng.random()
+    if r < 0.2:
+        kwargs["cost"] = vtc.QuadraticCost(
+            *(rng.choice([0.0, 0.04, 0.3, 1.0, 2.1, 11.46]) for _ in range(5))
+        )
+    elif r < 0.35:
+        kwargs["cost"] = vtc.ContextCost(
+            rng.choice([1.0, 0.5]), rng.choice([2.0, 0.3]), rng.choice([0.0, 1 / 512, 0.1, 0.7])
+        )
+    elif r < 0.4:
+        kwargs["cost"] = rng.choice(["quadratic", "context", "linear"])
+    if rng.random() < 0.3:
+        kwargs["client_cap"] = rng.choice([1, 5, M // 4, M // 2, 0.25, 0.5, 1.0])
+    if rng.random() < 0.25:
+        kwargs["predictor"] = "mean"
+    return kwargs
+
+
 def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
     rng = random.Random(seed)
     M = rng.choice([8, 16, 64, 200, 1000])
     wp = rng.choice([1.0, 0.5, 2.0])
     wq = rng.choice([2.0, 1.0, 0.3])
-    fast = vtc.Scheduler(M, wp, wq, policy)
-    ref = reference.Scheduler(M, wp, wq, policy)
+    kwargs = _random_accounting(rng, M)
+    if "cost" in kwargs:
+        fast = vtc.Scheduler(M, policy=policy, **kwargs)
+        ref = reference.Scheduler(M, policy=policy, **kwargs)
+    else:
+        fast = vtc.Scheduler(M, wp, wq, policy, **kwargs)
+        ref = reference.Scheduler(M, wp, wq, policy, **kwargs)
     known: list[int] = []
     next_rid = [0]
     for i in range(n_ops):
@@ -92,6 +122,8 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
         a = state(fast, known[-8:])
         b = state(ref, known[-8:])
         assert a == b, f"seed {seed} op {i}: {op}{args}: state diverged\ncore {a}\nref  {b}"
+        credits = [(fast.credit(c), ref.credit(c)) for c in CLIENTS]
+        assert all(x == y for x, y in credits), f"seed {seed} op {i}: credits {credits}"
         fast._check_invariants()
     return len(known)
 
@@ -126,19 +158,35 @@ def test_numpy_batch_decode_matches_list_form():
     assert state(a) == state(b)
 
 
-def test_large_batches_over_many_clients_match_reference():
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"cost": vtc.QuadraticCost()},
+        {"cost": vtc.ContextCost(1.0, 2.0, 0.01), "client_cap": 0.05},
+        {"cost": "quadratic", "predictor": "mean"},
+    ],
+)
+def test_large_batches_over_many_clients_match_reference(kwargs):
     """Big decode calls touching most backlogged clients (the core re-keys
     them in bulk there) must still decide exactly like the reference."""
     rng = random.Random(5)
-    fast = vtc.Scheduler(4000, 1.0, 2.0)
-    ref = reference.Scheduler(4000, 1.0, 2.0)
+    if kwargs.get("cost"):
+        fast = vtc.Scheduler(4000, **kwargs)
+        ref = reference.Scheduler(4000, **kwargs)
+    else:
+        fast = vtc.Scheduler(4000, 1.0, 2.0, **kwargs)
+        ref = reference.Scheduler(4000, 1.0, 2.0, **kwargs)
     rid = 0
     for step in range(150):
         for _ in range(rng.randint(0, 120)):
             rid += 1
             args = (rid, rng.randrange(90), rng.randint(1, 40))
-            fast.submit(*args)
-            ref.submit(*args)
+            extra = {}
+            if "predictor" in kwargs and rng.random() < 0.3:
+                extra["predicted_output"] = rng.randint(0, 20)
+            fast.submit(*args, **extra)
+            ref.submit(*args, **extra)
         assert fast.schedule() == ref.schedule()
         if step % 3:
             assert fast.decode() == ref.decode()

@@ -11,7 +11,15 @@ readable pure-Python twin used to test it, and ``vtc.sim`` simulates
 workloads on top of it.
 """
 
-from vtc._core import MAX_TOKENS_PER_CALL, SNAPSHOT_VERSION, Scheduler, __version__
+from vtc._core import (
+    MAX_TOKENS_PER_CALL,
+    SNAPSHOT_VERSION,
+    ContextCost,
+    LinearCost,
+    QuadraticCost,
+    Scheduler,
+    __version__,
+)
 from vtc.errors import (
     CapacityError,
     DuplicateRequestError,
@@ -29,6 +37,9 @@ __all__ = [
     "SNAPSHOT_VERSION",
     "POLICIES",
     "CapacityError",
+    "ContextCost",
+    "LinearCost",
+    "QuadraticCost",
     "DuplicateRequestError",
     "InvalidArgumentError",
     "RequestStateError",

@@ -35,6 +35,49 @@ class SnapshotError(SchedulerError, ValueError):
 class CapacityError(SchedulerError):
     """The last running request alone cannot grow within M; finish or cancel it."""
 
+class LinearCost:
+    """``h(n_p, n_q) = wp·n_p + wq·n_q``: the default cost (same as passing ``wp``/``wq``)."""
+
+    wp: float
+    wq: float
+    def __init__(self, wp: float = 1.0, wq: float = 2.0) -> None: ...
+
+class QuadraticCost:
+    """``h = a_p·n_p + a_q·n_q + a_pq·n_p·n_q + a_qq·n_q² + c`` (the paper's profiled cost).
+
+    Charged ``a_p·computed + c`` at first admission (``computed`` = prompt minus the
+    prefix-cache hit) and ``h(n_p, j) - h(n_p, j-1) = a_q + a_pq·n_p + a_qq·(2j-1)``
+    for the j-th generated token (``n_p`` = the whole prompt).
+    """
+
+    a_p: float
+    a_q: float
+    a_pq: float
+    a_qq: float
+    c: float
+    def __init__(
+        self,
+        a_p: float = 2.1,
+        a_q: float = 1.0,
+        a_pq: float = 0.04,
+        a_qq: float = 0.032,
+        c: float = 11.46,
+    ) -> None: ...
+
+class ContextCost:
+    """Context-aware decode: ``wp`` per computed prompt token, and ``wq + beta·context_len``
+    per generated token, ``context_len`` = prompt + tokens generated before it.
+
+    Meters KV reads (HBM bandwidth) instead of tokens. Default ``beta = 1/512``.
+    """
+
+    wp: float
+    wq: float
+    beta: float
+    def __init__(self, wp: float = 1.0, wq: float = 2.0, beta: float = 0.001953125) -> None: ...
+
+Cost = LinearCost | QuadraticCost | ContextCost
+
 class Scheduler:
     """The Virtual Token Counter scheduler (Sheng et al., OSDI '24).
 
@@ -49,24 +92,53 @@ class Scheduler:
 
     ``policy``: ``"vtc"``; ``"lcf"`` (least counter first without the lift);
     ``"fcfs"`` (global submit order). Safe to share between threads.
+
+    Accounting beyond tokens (``docs/accounting.md``):
+
+    * ``cost``: a cost object, or ``"linear"`` / ``"quadratic"`` / ``"context"`` for the
+      default coefficients; not together with ``wp``/``wq``. Decode charges are summed
+      per client and call as exact integer aggregates, so they do not depend on the
+      order of requests in a call.
+    * ``client_cap``: KV tokens one client may hold in the running batch, an int, or a
+      float in (0, 1] as a fraction of M (``max(1, floor(f·M))``). In ``schedule()`` a
+      client is eligible while it has nothing running or its running tokens plus its
+      head request fit in the cap; ineligible clients are left out of selection for
+      that call (no skipping among eligible clients). ``peek``/``pop`` ignore the cap.
+    * ``predictor``: ``"none"`` (default) or ``"mean"``: a request submitted without
+      ``predicted_output`` gets the client's moving average of finished output lengths.
     """
 
     def __init__(
         self,
         M: int,
-        wp: float = 1.0,
-        wq: float = 2.0,
+        wp: float | None = None,  # 1.0 when omitted; not together with ``cost``
+        wq: float | None = None,  # 2.0 when omitted; not together with ``cost``
         policy: Literal["vtc", "lcf", "fcfs"] = "vtc",
+        *,
+        cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
+        client_cap: int | float | None = None,
+        predictor: Literal["none", "mean"] | None = None,
     ) -> None: ...
+    @property
+    def cost(self) -> Cost:
+        """The cost function."""
+    @property
+    def client_cap(self) -> int | None:
+        """The per-client KV cap in tokens, or None."""
+    @property
+    def predictor(self) -> str:
+        """``"none"`` or ``"mean"``."""
+    def credit(self, client: ClientKey) -> float:
+        """Refunded over-prediction not yet absorbed by the client's later charges."""
     @property
     def M(self) -> int:
         """KV budget in tokens: prompt + generated tokens of all running requests."""
     @property
     def wp(self) -> float:
-        """Weight of a prompt (prefill) token."""
+        """Weight of a prompt (prefill) token (the cost's ``wp``, or ``a_p``)."""
     @property
     def wq(self) -> float:
-        """Weight of a generated (decode) token."""
+        """Weight of a generated (decode) token (the cost's ``wq``, or ``a_q``)."""
     @property
     def policy(self) -> str:
         """``"vtc"``, ``"lcf"`` or ``"fcfs"``."""
@@ -103,13 +175,24 @@ class Scheduler:
     def clients(self) -> list[ClientKey]:
         """Every client the scheduler knows (not forgotten), by internal id."""
     def submit(
-        self, request_id: int, client: ClientKey, prompt_len: int, cached_len: int | None = None
+        self,
+        request_id: int,
+        client: ClientKey,
+        prompt_len: int,
+        cached_len: int | None = None,
+        predicted_output: int | None = None,
     ) -> None:
         """Queue a request. ``request_id`` must not be live; ``1 <= prompt_len <= M``.
 
         ``cached_len`` prompt tokens (``0 <= cached_len <= prompt_len``, default 0) are
         a prefix-cache hit: they count in the KV budget but are not charged. A client
         with nothing waiting is first lifted to the floor (under ``"vtc"``).
+
+        ``predicted_output`` (oracle or user prediction, ``0..=MAX_TOKENS_PER_CALL``):
+        the cost of that many output tokens is charged at first admission, decode then
+        charges only tokens beyond it, and an over-estimate becomes ``credit`` when the
+        request finishes (or is cancelled after admission): counters never decrease,
+        the credit is absorbed by the client's next charges.
         """
     def schedule(self) -> list[int]:
         """Admit requests until the next does not fit in M; returns them in admission order."""
@@ -169,8 +252,18 @@ class Scheduler:
         resubmits). Versioned and checksummed.
         """
     @staticmethod
-    def from_snapshot(data: bytes) -> Scheduler:
+    def from_snapshot(
+        data: bytes,
+        *,
+        cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
+        client_cap: int | float | None = None,
+        predictor: Literal["none", "mean"] | None = None,
+    ) -> Scheduler:
         """A scheduler with the fairness state of ``data`` and no requests.
+
+        The snapshot keeps ``M``, ``wp``, ``wq`` and the policy only: pass ``cost``,
+        ``client_cap`` and ``predictor`` again to restore a scheduler that used them
+        (refund credits and moving averages are not kept).
 
         Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
         version.

@@ -38,6 +38,44 @@ The rules
   raised and nothing changes.
 * ``decode(request_ids, tokens)`` records what an engine produced; the engine
   owns memory there, so no capacity check is made (likewise ``pop()``).
+
+Costs (``cost=``; see ``docs/accounting.md``)
+---------------------------------------------
+A cost is a monotone ``h(n_p, n_q)``, charged ``h(n_p - cached, 0)`` at first
+admission and ``h(n_p, j) - h(n_p, j - 1)`` for the ``j``-th generated token.
+Per client and decode call, four *integer* sums are taken over the client's
+requests, each of which (prompt ``n``, ``g`` tokens before the call, ``t``
+tokens in it) contributes::
+
+    T = t                       P = t * n
+    Q = t * (2*g + t)           C = t * (n + g) + t * (t - 1) // 2
+
+and the charge (before ``* inv_w``) is
+
+* linear    ``wq * T``                                (exactly the rule above)
+* quadratic ``a_q * T + a_pq * P + a_qq * Q``         (prefill ``a_p * n + c``)
+* context   ``wq * T + beta * C``                     (prefill ``wp * n``)
+
+evaluated left to right.  Integer sums are exact, so the result does not
+depend on the order of the requests in the call.
+
+Per-client cap (``client_cap=``): in ``schedule()`` a client is eligible when
+it has nothing running or its running tokens plus its head request's
+footprint are within the cap; ineligible clients are left out of selection
+for the rest of the call, and "no skipping" applies among the eligible ones.
+
+Length prediction (``submit(..., predicted_output=p)``, or ``predictor="mean"``
+for requests without one: the client's moving average of finished output
+lengths, ``m += (g - m) * 0.125`` with the first sample taken as is,
+floored): at first admission the request is charged
+``(prefill + decode(sums of p tokens after 0)) * inv_w``; a decode then
+charges only tokens beyond ``p``.  When a request that was admitted leaves
+(finish or cancel) having generated ``g < p``, the over-charge
+``decode(sums of p - g tokens after g) * inv_w`` becomes the client's
+*credit*: counters never decrease, so the credit is absorbed by the client's
+next charges (``used = min(credit, amount)``) instead.  The lift treats
+``counter - credit`` as the client's position: ``new = max(counter, floor)``,
+``credit = new - max(counter - credit, floor)``.
 """
 
 from __future__ import annotations
@@ -58,6 +96,54 @@ from vtc.errors import (
 )
 
 POLICIES = ("vtc", "lcf", "fcfs")
+DEFAULT_BETA = 1.0 / 512.0
+PAPER_QUADRATIC = {"a_p": 2.1, "a_q": 1.0, "a_pq": 0.04, "a_qq": 0.032, "c": 11.46}
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """One of the three cost families, with its coefficients."""
+
+    kind: str  # "linear" | "quadratic" | "context"
+    coef: dict
+
+    def prefill(self, computed: int) -> float:
+        k = self.coef
+        if self.kind == "quadratic":
+            return k["a_p"] * computed + k["c"]
+        return k["wp"] * computed
+
+    def decode(self, T: int, P: int, Q: int, C: int) -> float:
+        k = self.coef
+        if self.kind == "linear":
+            return k["wq"] * T
+        if self.kind == "quadratic":
+            return k["a_q"] * T + k["a_pq"] * P + k["a_qq"] * Q
+        return k["wq"] * T + k["beta"] * C
+
+
+def _cost_from(cost) -> _Cost:
+    """A ``vtc`` cost object (by its attributes) or a cost name."""
+    names = {
+        "linear": ("linear", {"wp": 1.0, "wq": 2.0}),
+        "quadratic": ("quadratic", dict(PAPER_QUADRATIC)),
+        "context": ("context", {"wp": 1.0, "wq": 2.0, "beta": DEFAULT_BETA}),
+    }
+    if isinstance(cost, str):
+        if cost not in names:
+            raise InvalidArgumentError(f"unknown cost {cost!r}")
+        return _Cost(*names[cost])
+    kind = {"LinearCost": "linear", "QuadraticCost": "quadratic", "ContextCost": "context"}.get(
+        type(cost).__name__
+    )
+    if kind is None:
+        raise TypeError(f"cost must be a cost object or a name, got {cost!r}")
+    fields = {
+        "linear": ("wp", "wq"),
+        "quadratic": tuple(PAPER_QUADRATIC),
+        "context": ("wp", "wq", "beta"),
+    }
+    return _Cost(kind, {f: float(getattr(cost, f)) for f in fields[kind]})
 
 
 @dataclass
@@ -67,6 +153,9 @@ class _Client:
     weight: float = 1.0
     inv_w: float = 1.0
     queue: deque = field(default_factory=deque)  # request ids, oldest first
+    occupancy: int = 0  # KV tokens of its running requests
+    credit: float = 0.0  # refunded over-prediction not yet absorbed
+    mean_output: float | None = None  # "mean" predictor
 
 
 @dataclass
@@ -80,6 +169,8 @@ class _Request:
     prefill_paid: bool = False
     running: bool = False
     admit_seq: int = 0
+    predicted_given: int | None = None
+    predicted: int = 0  # output tokens pre-charged at first admission
 
 
 def _as_int(name: str, value) -> int:
@@ -126,8 +217,29 @@ def _check_weight(weight) -> float:
 class Scheduler:
     """Pure-Python VTC with the same API and semantics as ``vtc.Scheduler``."""
 
-    def __init__(self, M: int, wp: float = 1.0, wq: float = 2.0, policy: str = "vtc") -> None:
+    def __init__(
+        self,
+        M: int,
+        wp: float | None = None,
+        wq: float | None = None,
+        policy: str = "vtc",
+        *,
+        cost=None,
+        client_cap: int | float | None = None,
+        predictor: str | None = None,
+    ) -> None:
         M = _check_int("M", M, 1)
+        if predictor is None:
+            predictor = "none"
+        if not isinstance(predictor, str):
+            raise TypeError(f"predictor must be a str, got {predictor!r}")
+        if predictor not in ("none", "mean"):
+            raise InvalidArgumentError(f"unknown predictor {predictor!r}")
+        self.predictor = predictor
+        if cost is not None and (wp is not None or wq is not None):
+            raise InvalidArgumentError("give either wp/wq or cost, not both")
+        wp = 1.0 if wp is None else wp
+        wq = 2.0 if wq is None else wq
         for name, w in (("wp", wp), ("wq", wq)):
             if isinstance(w, bool) or not isinstance(w, (int, float)):
                 raise TypeError(f"{name} must be a number, got {w!r}")
@@ -135,9 +247,22 @@ class Scheduler:
                 raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {w!r}")
         if policy not in POLICIES:
             raise InvalidArgumentError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        if cost is None:
+            self.cost = _Cost("linear", {"wp": float(wp), "wq": float(wq)})
+        else:
+            self.cost = _cost_from(cost)
+        if client_cap is not None:
+            if isinstance(client_cap, int) and not isinstance(client_cap, bool):
+                if client_cap < 1:
+                    raise InvalidArgumentError(f"client_cap must be >= 1, got {client_cap}")
+            elif isinstance(client_cap, float) and 0.0 < client_cap <= 1.0:
+                client_cap = max(1, math.floor(client_cap * M))
+            else:
+                raise InvalidArgumentError(f"bad client_cap {client_cap!r}")
+        self.client_cap = client_cap
         self.M = M
-        self.wp = float(wp)
-        self.wq = float(wq)
+        self.wp = self.cost.coef.get("wp", self.cost.coef.get("a_p"))
+        self.wq = self.cost.coef.get("wq", self.cost.coef.get("a_q"))
         self.policy = policy
         self._clients: dict[object, _Client] = {}
         self._requests: dict[int, _Request] = {}
@@ -209,8 +334,17 @@ class Scheduler:
             return (head_seq,)
         return (c.counter, head_seq)
 
-    def _select(self):
-        backlog = self._backlogged()
+    def _eligible(self, k) -> bool:
+        """Within the per-client cap (a client with nothing running always is)."""
+        if self.client_cap is None:
+            return True
+        c = self._clients[k]
+        r = self._requests[c.queue[0]]
+        running = any(self._requests[rid].client == k for rid in self._running)
+        return not running or c.occupancy + r.prompt + r.generated <= self.client_cap
+
+    def _select(self, exclude=()):
+        backlog = [k for k in self._backlogged() if k not in exclude]
         if not backlog:
             return None
         return min(backlog, key=self._key)
@@ -226,13 +360,27 @@ class Scheduler:
             floor = self._clients[self._last_left].counter
         else:
             return
-        c.counter = max(c.counter, floor)
+        if c.credit > 0.0:
+            # the client stands at counter - credit; lift that to the floor
+            raised = max(c.counter, floor)
+            c.credit = raised - max(c.counter - c.credit, floor)
+            c.counter = raised
+        else:
+            c.counter = max(c.counter, floor)
 
-    def submit(self, request_id, client, prompt_len, cached_len=None) -> None:
+    def submit(
+        self, request_id, client, prompt_len, cached_len=None, predicted_output=None
+    ) -> None:
         rid = _check_request_id(request_id)
         client = _check_client(client)
-        prompt_len = _check_int("prompt_len", prompt_len, 1)
+        prompt_len = _as_int("prompt_len", prompt_len)
         cached = 0 if cached_len is None else _as_int("cached_len", cached_len)
+        predicted = None
+        if predicted_output is not None:
+            predicted = _as_int("predicted_output", predicted_output)
+            if not 0 <= predicted <= MAX_TOKENS_PER_CALL:
+                raise InvalidArgumentError(f"bad predicted_output {predicted}")
+        prompt_len = _check_int("prompt_len", prompt_len, 1)
         if prompt_len > self.M:
             raise InvalidArgumentError(
                 f"prompt_len {prompt_len} exceeds the KV budget M={self.M}; "
@@ -248,10 +396,16 @@ class Scheduler:
         if not c.queue and self.policy == "vtc":
             self._lift(client)
         self._seq += 1
-        self._requests[rid] = _Request(rid, client, prompt_len, self._seq, cached)
+        self._requests[rid] = _Request(
+            rid, client, prompt_len, self._seq, cached, predicted_given=predicted
+        )
         c.queue.append(rid)
 
     def _charge(self, c: _Client, amount: float) -> None:
+        if c.credit > 0.0:
+            used = min(c.credit, amount)
+            amount -= used
+            c.credit -= used
         c.counter += amount
         c.service += amount
 
@@ -260,9 +414,17 @@ class Scheduler:
         rid = c.queue.popleft()
         r = self._requests[rid]
         self.occupancy += r.prompt + r.generated
+        c.occupancy += r.prompt + r.generated
         if not r.prefill_paid:
             r.prefill_paid = True
-            self._charge(c, (self.wp * (r.prompt - r.cached)) * c.inv_w)
+            if r.predicted_given is not None:
+                r.predicted = r.predicted_given
+            elif self.predictor == "mean" and c.mean_output is not None:
+                r.predicted = math.floor(c.mean_output)
+            amount = self.cost.prefill(r.prompt - r.cached)
+            if r.predicted > 0:
+                amount = amount + self.cost.decode(*self._sums(r.prompt, 0, r.predicted))
+            self._charge(c, amount * c.inv_w)
         r.running = True
         self._admit_seq += 1
         r.admit_seq = self._admit_seq
@@ -273,10 +435,14 @@ class Scheduler:
 
     def schedule(self) -> list[int]:
         admitted = []
+        capped = set()  # clients at their cap: out of selection for this call
         while True:
-            k = self._select()
+            k = self._select(capped)
             if k is None:
                 break
+            if not self._eligible(k):
+                capped.add(k)
+                continue
             r = self._requests[self._clients[k].queue[0]]
             if self.occupancy + r.prompt + r.generated > self.M:
                 break
@@ -314,10 +480,42 @@ class Scheduler:
             raise RequestStateError(f"cannot {what} request {r.rid}: it is waiting, not running")
         return r
 
+    @staticmethod
+    def _sums(n: int, g: int, t: int) -> tuple[int, int, int, int]:
+        """T, P, Q, C of ``t`` tokens generated after ``g`` with prompt ``n``."""
+        return (t, t * n, t * (2 * g + t), t * (n + g) + t * (t - 1) // 2)
+
+    def _add_tokens(self, per_client: dict, r: _Request, t: int) -> None:
+        """Add request ``r``'s ``t`` new tokens (``r.generated`` is the count
+        before them) to its client's integer sums; tokens within the
+        prediction were paid at admission and are left out."""
+        self._clients[r.client].occupancy += t
+        g, end = r.generated, r.generated + t
+        g = max(g, r.predicted)
+        if end <= g:
+            return
+        sums = per_client.setdefault(r.client, [0, 0, 0, 0])
+        for i, v in enumerate(self._sums(r.prompt, g, end - g)):
+            sums[i] += v
+
     def _charge_tokens(self, per_client: dict) -> None:
-        for k, tokens in per_client.items():
+        for k, sums in per_client.items():
             c = self._clients[k]
-            self._charge(c, (self.wq * tokens) * c.inv_w)
+            self._charge(c, self.cost.decode(*sums) * c.inv_w)
+
+    def _settle(self, r: _Request, learn: bool) -> None:
+        """A request that was admitted leaves: refund an over-prediction as credit."""
+        if not r.prefill_paid:
+            return
+        c = self._clients[r.client]
+        if r.predicted > r.generated:
+            over = self.cost.decode(*self._sums(r.prompt, r.generated, r.predicted - r.generated))
+            c.credit += over * c.inv_w
+        if learn and self.predictor == "mean":
+            if c.mean_output is None:
+                c.mean_output = float(r.generated)
+            else:
+                c.mean_output += (r.generated - c.mean_output) * 0.125
 
     def decode(self, request_ids: Sequence[int] | None = None, tokens=None) -> list[int]:
         if request_ids is None:
@@ -348,9 +546,9 @@ class Scheduler:
             reqs.append((r, t))
         per_client: dict = {}
         for r, t in reqs:
+            self._add_tokens(per_client, r, t)
             r.generated += t
             self.occupancy += t
-            per_client[r.client] = per_client.get(r.client, 0) + t
         self._charge_tokens(per_client)
         return []
 
@@ -385,8 +583,8 @@ class Scheduler:
         per_client: dict = {}
         for rid in self._running:
             r = self._requests[rid]
+            self._add_tokens(per_client, r, 1)
             r.generated += 1
-            per_client[r.client] = per_client.get(r.client, 0) + 1
         self.occupancy += len(self._running)
         self._charge_tokens(per_client)
         return victims
@@ -396,6 +594,7 @@ class Scheduler:
         self._running.remove(r.rid)
         r.running = False
         self.occupancy -= r.prompt + r.generated
+        self._clients[r.client].occupancy -= r.prompt + r.generated
         # Back to the head of its client's queue; it keeps its submit seq, so
         # it stays ahead of the client's later requests.  No lift: the client
         # was being served, not idle.
@@ -403,15 +602,19 @@ class Scheduler:
 
     def finish(self, request_id) -> None:
         r = self._get_running(request_id, "finish")
+        self._settle(r, True)
         self._running.remove(r.rid)
         self.occupancy -= r.prompt + r.generated
+        self._clients[r.client].occupancy -= r.prompt + r.generated
         del self._requests[r.rid]
 
     def cancel(self, request_id) -> None:
         r = self._get(request_id)
+        self._settle(r, False)
         if r.running:
             self._running.remove(r.rid)
             self.occupancy -= r.prompt + r.generated
+            self._clients[r.client].occupancy -= r.prompt + r.generated
         else:
             c = self._clients[r.client]
             c.queue.remove(r.rid)
@@ -427,6 +630,10 @@ class Scheduler:
 
     def services(self) -> dict:
         return {k: c.service for k, c in self._clients.items()}
+
+    def credit(self, client) -> float:
+        c = self._clients.get(_check_client(client))
+        return c.credit if c else 0.0
 
     def generated(self, request_id) -> int:
         return self._get(request_id).generated

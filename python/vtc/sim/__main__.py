@@ -22,6 +22,7 @@ experiments:
   weighted    weighted VTC, 4 clients with weights 1:2:3:4
   scenarios   the paper's other workloads (gamma, short/long, ramp, phases, ...)
   replicas    N = 2, 4, 8 replicas, skewed ingress: FCFS vs per-replica VTC vs global VTC
+  accounting  cost functions, prefix caching, preemption, per-client caps, length prediction
   all         every experiment above; writes JSON per table and a PNG per experiment to --out
 
 examples:

@@ -8,6 +8,7 @@ prompts ``U[64, 512]``, outputs ``U[32, 384]``, an RPM "minute" of 2000 steps.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ class Options:
         rpm: int | None = None,
         minute: int | None = None,
         weights: dict | None = None,
+        options: dict | None = None,
+        cached: Sequence[int] | None = None,
+        predicted: Sequence[int] | None = None,
     ) -> SimResult:
         """:func:`~vtc.sim.engine.simulate` with these options and a progress bar."""
         return simulate(
@@ -70,6 +74,9 @@ class Options:
             minute=self.minute if minute is None else minute,
             factory=self.factory,
             progress=Progress(label, steps, enabled=self.progress),
+            options=options,
+            cached=cached,
+            predicted=predicted,
         )
 
 
@@ -459,6 +466,267 @@ def replicas(opts: Options, sizes: Sequence[int] = (2, 4, 8)) -> Report:
     return Report([table], panels)
 
 
+# ------------------------------------------------------------------ accounting
+
+CONTEXT_BETA = 1.0 / 512.0
+CAPS = (None, 0.5, 0.25)
+
+
+def _delivered(result: SimResult) -> SimResult:
+    """``result`` with ``service`` replaced by the harness-measured delivered service."""
+    return dataclasses.replace(result, service=result.delivered)
+
+
+def _metered(result: SimResult, metric: str, cached: Sequence[int] | None = None) -> dict:
+    """Per-client service actually computed over the run, metered by ``metric``.
+
+    Every request admitted at least once counts its computed prompt
+    ``n = prompt - cached`` and the ``g`` tokens it generated: ``tokens`` is
+    ``wp*n + wq*g``; ``context`` adds ``beta * (g*prompt + g*(g-1)/2)`` (the
+    KV reads of decoding, :data:`CONTEXT_BETA`); ``quadratic`` is the paper's
+    ``2.1*n + g + 0.04*prompt*g + 0.032*g**2 + 11.46``.
+    """
+    hit = cached if cached is not None else (result.cached or [0] * len(result.requests))
+    out = {c: 0.0 for c in result.clients}
+    for i, r in enumerate(result.requests):
+        if result.first_admit[i] < 0:
+            continue
+        p, n, g = r.prompt_len, r.prompt_len - hit[i], result.generated[i]
+        if metric == "tokens":
+            v = result.wp * n + result.wq * g
+        elif metric == "context":
+            v = result.wp * n + result.wq * g + CONTEXT_BETA * (g * p + g * (g - 1) / 2)
+        else:
+            v = 2.1 * n + g + 0.04 * p * g + 0.032 * g * g + 11.46
+        out[r.client] += v
+    return out
+
+
+def _share(values: dict, client) -> float:
+    total = sum(values.values())
+    return values[client] / total if total else 0.0
+
+
+def _two(steps: int, M: int, seed: int, a: tuple, b: tuple, load: float = 2.0) -> list[Request]:
+    """Two clients ``a`` and ``b`` = (name, prompt range, output range), each at
+    ``load`` times what the engine could serve of that client alone."""
+    specs = [
+        workloads.ClientSpec(name, load * workloads.service_rate(M, pr, out), prompt=pr, output=out)
+        for name, pr, out in (a, b)
+    ]
+    return workloads.generate(specs, steps, seed=seed)
+
+
+def accounting(opts: Options) -> Report:
+    """Accounting beyond tokens (docs/accounting.md): one table per variant vs plain VTC.
+
+    * ``accounting-cost``: a long-context and a short-context client, both
+      overloaded, under the linear, the paper's quadratic and the
+      context-aware cost; each client's share of the service actually
+      computed, metered three ways.  Each cost equalises its own metric.
+    * ``accounting-prefix``: prompt-heavy clients, one whose prompts are 75%
+      prefix-cache hits; computed service with and without ``cached_len``.
+    * ``accounting-preemption``: long outputs in a small ``M``, so
+      ``decode()`` preempts; recomputed tokens and the gap between what was
+      charged and what was computed (VTC never charges recomputation).
+    * ``accounting-cap``: one heavy client and three light bursty ones under
+      per-client caps; the utilisation the cap costs.
+    * ``accounting-predict``: long- and short-output clients with no, oracle,
+      noisy (user-supplied) and moving-average length predictions; drift of
+      the delivered service.
+    """
+    from vtc import ContextCost, QuadraticCost
+
+    steps, M, seed = opts.steps or 20000, opts.M or 8192, opts.seed
+    tables, panels = [], []
+
+    # 1. cost functions
+    reqs = _two(
+        steps, M, seed, ("long-ctx", (2048, 3072), (256, 512)), ("short-ctx", (64, 256), (256, 512))
+    )
+    t = Table(
+        "accounting-cost",
+        f"Cost functions: long- vs short-context client, both overloaded (M={M:,}, "
+        f"{steps:,} steps); long-ctx share of computed service, metered three ways",
+        [
+            "cost",
+            "tokens_share",
+            "context_share",
+            "quadratic_share",
+            "long-ctx_done",
+            "short-ctx_done",
+            "throughput",
+        ],
+    )
+    for name, cost in (
+        ("linear (plain vtc)", None),
+        ("quadratic", QuadraticCost()),
+        ("context", ContextCost(opts.wp, opts.wq, CONTEXT_BETA)),
+    ):
+        o = None if cost is None else {"cost": cost}
+        res = opts.run(f"cost {name}", reqs, steps, M=M, policy="vtc", options=o)
+        t.rows.append(
+            {
+                "cost": name,
+                **{
+                    f"{m}_share": _share(_metered(res, m), "long-ctx")
+                    for m in ("tokens", "context", "quadratic")
+                },
+                **{
+                    f"{c}_done": sum(
+                        1
+                        for i, r in enumerate(res.requests)
+                        if r.client == c and res.finish[i] >= 0
+                    )
+                    for c in ("long-ctx", "short-ctx")
+                },
+                "throughput": metrics.throughput(res),
+            }
+        )
+        panels.append(Panel(f"cost: {name}", res))
+    tables.append(t)
+
+    # 2. prefix caching
+    reqs = _two(
+        steps, M, seed, ("shared", (1024, 2048), (16, 64)), ("miss", (1024, 2048), (16, 64))
+    )
+    hit = [int(0.75 * r.prompt_len) if r.client == "shared" else 0 for r in reqs]
+    t = Table(
+        "accounting-prefix",
+        f"Prefix caching: 'shared' hits the cache on 75% of each prompt, 'miss' never "
+        f"(M={M:,}, {steps:,} steps); shares of computed service (wp/token computed, wq/output)",
+        ["scheduler", "shared_share", "miss_share", "shared_requests", "miss_requests"],
+    )
+    for name, cached in (("vtc, charges cached tokens", None), ("vtc + cached_len", hit)):
+        res = opts.run(f"prefix {name}", reqs, steps, M=M, policy="vtc", cached=cached)
+        got = _metered(res, "tokens", hit)
+        done = {
+            c: sum(
+                1 for i, r in enumerate(res.requests) if r.client == c and res.first_admit[i] >= 0
+            )
+            for c in ("shared", "miss")
+        }
+        t.rows.append(
+            {
+                "scheduler": name,
+                "shared_share": _share(got, "shared"),
+                "miss_share": _share(got, "miss"),
+                "shared_requests": done["shared"],
+                "miss_requests": done["miss"],
+            }
+        )
+    tables.append(t)
+
+    # 3. preemption
+    small = max(M // 4, 1024)
+    reqs = _two(steps, small, seed, ("a", (64, 256), (256, 768)), ("b", (64, 256), (256, 768)))
+    t = Table(
+        "accounting-preemption",
+        f"Preemption: long outputs in M={small:,} ({steps:,} steps); decode() evicts when "
+        "the batch outgrows M",
+        [
+            "scheduler",
+            "preemptions",
+            "recomputed_tokens",
+            "max_overcharge",
+            "max_drift",
+            "throughput",
+        ],
+    )
+    for policy in ("fcfs", "vtc"):
+        res = opts.run(f"preempt {policy}", reqs, steps, M=small, policy=policy)
+        over = max(abs(res.service[c][-1] - res.delivered[c][-1]) for c in res.clients)
+        t.rows.append(
+            {
+                "scheduler": policy,
+                "preemptions": res.preemptions,
+                "recomputed_tokens": sum(res.recomputed),
+                "max_overcharge": over,
+                "max_drift": metrics.max_drift(_delivered(res), "a", "b"),
+                "throughput": metrics.throughput(res),
+            }
+        )
+    tables.append(t)
+
+    # 4. per-client memory cap
+    specs = [workloads.ClientSpec("heavy", 3 * workloads.service_rate(M), prompt=(256, 1024))]
+    specs += [
+        workloads.ClientSpec(f"light{k}", 0.1 * workloads.service_rate(M), arrival="gamma", cv=4.0)
+        for k in range(3)
+    ]
+    reqs = workloads.generate(specs, steps, seed=seed)
+    lights = [f"light{k}" for k in range(3)]
+    t = Table(
+        "accounting-cap",
+        f"Per-client cap: one heavy client (3x capacity) and three bursty light ones "
+        f"(0.1x each) (M={M:,}, {steps:,} steps)",
+        [
+            "client_cap",
+            "utilization",
+            "throughput",
+            "heavy_share",
+            "light_ttft_p50",
+            "light_ttft_p99",
+            "heavy_ttft_p50",
+        ],
+    )
+    for cap in CAPS:
+        o = None if cap is None else {"client_cap": cap}
+        res = opts.run(f"cap {cap}", reqs, steps, M=M, policy="vtc", options=o)
+        light = metrics.ttft(res, lights)
+        t.rows.append(
+            {
+                "client_cap": "none (plain vtc)" if cap is None else f"{cap:g} M",
+                "utilization": res.utilization,
+                "throughput": metrics.throughput(res),
+                "heavy_share": metrics.shares(res)["heavy"],
+                "light_ttft_p50": metrics.percentile(light, 50),
+                "light_ttft_p99": metrics.percentile(light, 99),
+                "heavy_ttft_p50": metrics.percentile(metrics.ttft(res, ["heavy"]), 50),
+            }
+        )
+    tables.append(t)
+
+    # 5. length prediction
+    reqs = _two(
+        steps, M, seed, ("long-out", (64, 512), (256, 768)), ("short-out", (64, 512), (16, 64))
+    )
+    rng = np.random.default_rng(seed)
+    noisy = [
+        max(0, int(round(r.output_len * f)))
+        for r, f in zip(reqs, rng.lognormal(0.0, 0.5, len(reqs)))
+    ]
+    oracle = [min(r.output_len, M - r.prompt_len) for r in reqs]
+    t = Table(
+        "accounting-predict",
+        f"Length prediction: long- vs short-output client, both overloaded (M={M:,}, "
+        f"{steps:,} steps); drift of the delivered service",
+        ["prediction", "max_drift", "drift_over_2U", "long_share", "throughput"],
+    )
+    for name, predicted, o in (
+        ("none (plain vtc)", None, None),
+        ("oracle", oracle, None),
+        ("user, lognormal noise", noisy, None),
+        ("per-client mean", None, {"predictor": "mean"}),
+    ):
+        res = opts.run(
+            f"predict {name}", reqs, steps, M=M, policy="vtc", options=o, predicted=predicted
+        )
+        d = _delivered(res)
+        drift = metrics.max_drift(d, "long-out", "short-out")
+        t.rows.append(
+            {
+                "prediction": name,
+                "max_drift": drift,
+                "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                "long_share": _share({c: d.service[c][-1] for c in res.clients}, "long-out"),
+                "throughput": metrics.throughput(res),
+            }
+        )
+    tables.append(t)
+    return Report(tables, panels)
+
+
 EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "drift": drift,
     "returning": returning,
@@ -468,4 +736,5 @@ EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "weighted": weighted,
     "scenarios": scenarios,
     "replicas": replicas,
+    "accounting": accounting,
 }

@@ -39,8 +39,15 @@ pub struct Client {
     pub(crate) head_seq: u64,
     /// Position in the backlog heap, or `NOT_IN_HEAP`.
     pub(crate) heap_pos: u32,
-    /// Scratch: tokens generated in the decode call being applied.
+    /// Scratch: tokens to charge from the decode call being applied (the
+    /// other integer aggregates of a non-linear cost live beside the clients,
+    /// in `Scheduler::extra`, to keep this struct small).
     pub(crate) pending_tokens: u64,
+    /// KV tokens held by this client's running requests (the memory cap).
+    pub(crate) occupancy: u64,
+    /// Refunded over-predictions not yet absorbed by later charges
+    /// (weighted service; see `Scheduler::settle`).
+    pub(crate) credit: f64,
     /// False once forgotten; the id is then free for reuse.
     pub(crate) live: bool,
 }
@@ -58,6 +65,8 @@ impl Default for Client {
             head_seq: 0,
             heap_pos: NOT_IN_HEAP,
             pending_tokens: 0,
+            occupancy: 0,
+            credit: 0.0,
             live: true,
         }
     }
@@ -83,6 +92,16 @@ impl Client {
     #[inline]
     pub fn num_running(&self) -> usize {
         self.n_running
+    }
+    /// KV tokens held by this client's running requests.
+    #[inline]
+    pub fn occupancy(&self) -> u64 {
+        self.occupancy
+    }
+    /// Refund not yet absorbed (length prediction).
+    #[inline]
+    pub fn credit(&self) -> f64 {
+        self.credit
     }
     #[inline]
     pub fn is_backlogged(&self) -> bool {

@@ -26,6 +26,8 @@ impl fmt::Display for Op {
 pub enum CoreError {
     /// `M` must be at least one token.
     InvalidBudget(i64),
+    /// A per-client cap must be at least one token.
+    InvalidClientCap(i64),
     /// A token weight (`wp`, `wq`) must be finite and >= 0.
     InvalidTokenWeight { name: &'static str, value: f64 },
     /// A counter value must be finite.
@@ -36,6 +38,10 @@ pub enum CoreError {
     InvalidPrompt(i64),
     /// `cached_len` must be in `0..=prompt_len`.
     InvalidCached { cached_len: i64, prompt_len: i64 },
+    /// A predicted output length must be in `0..=MAX_TOKENS_PER_CALL`.
+    InvalidPrediction(i64),
+    /// The predictor name is not `none` or `mean`.
+    UnknownPredictor(String),
     /// A prompt larger than `M` could never be admitted.
     PromptTooLong { prompt_len: u64, budget: u64 },
     /// The policy name is not one of `vtc`, `lcf`, `fcfs`.
@@ -71,12 +77,24 @@ impl fmt::Display for CoreError {
         use CoreError::*;
         match self {
             InvalidBudget(m) => write!(f, "M must be a positive number of tokens, got {m}"),
+            InvalidClientCap(c) => write!(
+                f,
+                "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {c}"
+            ),
             InvalidTokenWeight { name, value } => {
                 write!(f, "{name} must be a finite number >= 0, got {value}")
             }
             InvalidCounter(v) => write!(f, "counter must be a finite number, got {v}"),
             InvalidWeight(w) => write!(f, "weight must be a positive finite number, got {w}"),
             InvalidPrompt(p) => write!(f, "prompt_len must be >= 1, got {p}"),
+            InvalidPrediction(p) => write!(
+                f,
+                "predicted_output must be between 0 and {}, got {p}",
+                crate::MAX_TOKENS_PER_CALL
+            ),
+            UnknownPredictor(p) => {
+                write!(f, "unknown predictor {p:?}; expected 'none' or 'mean'")
+            }
             InvalidCached { cached_len, prompt_len } => write!(
                 f,
                 "cached_len must be between 0 and prompt_len={prompt_len}, got {cached_len}"

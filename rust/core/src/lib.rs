@@ -18,13 +18,15 @@
 //! ```
 
 mod client;
+mod cost;
 mod error;
 mod heap;
 mod scheduler;
 mod snapshot;
 
 pub use client::{Client, ClientId};
+pub use cost::{Cost, Pending};
 pub use error::{CoreError, Op, Result};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
-pub use scheduler::{Policy, RequestState, Scheduler, Tokens, MAX_TOKENS_PER_CALL};
+pub use scheduler::{Policy, Predictor, RequestState, Scheduler, Tokens, MAX_TOKENS_PER_CALL};
 pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

@@ -15,6 +15,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 
 use crate::client::{Client, ClientId, QueueEntry};
+use crate::cost::{Cost, Pending};
 use crate::error::{CoreError, Op, Result};
 use crate::heap::{IndexedHeap, Key, NOT_IN_HEAP};
 
@@ -85,6 +86,12 @@ struct Request {
     decode_epoch: u64,
     state: Slot,
     prefill_paid: bool,
+    /// `predicted` was given at submit (oracle or user prediction).
+    prediction_given: bool,
+    /// Before the first admission: the output length given at submit (if
+    /// `prediction_given`); from then on: the output tokens pre-charged at
+    /// admission (0: no prediction).
+    predicted: u64,
 }
 
 impl Request {
@@ -121,6 +128,36 @@ impl Hasher for IdHasher {
 
 type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
+/// Where output-length predictions come from for requests submitted without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Predictor {
+    /// No prediction: such requests are charged per generated token (plain VTC).
+    None,
+    /// Per-client moving average of finished output lengths
+    /// (`m += (len - m) / 8`, first sample taken as is), floored.
+    Mean,
+}
+
+impl Predictor {
+    pub fn name(self) -> &'static str {
+        match self {
+            Predictor::None => "none",
+            Predictor::Mean => "mean",
+        }
+    }
+}
+
+impl FromStr for Predictor {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Predictor::None),
+            "mean" => Ok(Predictor::Mean),
+            other => Err(CoreError::UnknownPredictor(other.to_string())),
+        }
+    }
+}
+
 /// Token counts for [`Scheduler::decode`].
 #[derive(Debug, Clone, Copy)]
 pub enum Tokens<'a> {
@@ -133,8 +170,10 @@ pub enum Tokens<'a> {
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     budget: u64,
-    wp: f64,
-    wq: f64,
+    cost: Cost,
+    /// Per-client KV cap in the running batch (see `schedule`).
+    client_cap: Option<u64>,
+    predictor: Predictor,
     policy: Policy,
     clients: Vec<Client>,
     heap: IndexedHeap,
@@ -157,6 +196,13 @@ pub struct Scheduler {
     slots: Vec<u32>,
     /// Ids of forgotten clients, reused by `add_client`.
     free_clients: Vec<u32>,
+    /// Scratch: clients set aside by `schedule` while at their cap.
+    parked: Vec<u32>,
+    /// Scratch, by client id: a non-linear cost's decode aggregates.
+    extra: Vec<Pending>,
+    /// By client id: the `mean` predictor's moving average of finished
+    /// output lengths (`None` before the first finish).
+    means: Vec<Option<f64>>,
 }
 
 impl Scheduler {
@@ -173,8 +219,9 @@ impl Scheduler {
         }
         Ok(Scheduler {
             budget: budget as u64,
-            wp,
-            wq,
+            cost: Cost::Linear { wp, wq },
+            client_cap: None,
+            predictor: Predictor::None,
             policy,
             clients: Vec::new(),
             heap: IndexedHeap::new(),
@@ -192,7 +239,54 @@ impl Scheduler {
             victims: Vec::new(),
             slots: Vec::new(),
             free_clients: Vec::new(),
+            parked: Vec::new(),
+            extra: Vec::new(),
+            means: Vec::new(),
         })
+    }
+
+    /// A scheduler charging with `cost` (see [`Cost`]) instead of `wp`/`wq`.
+    pub fn with_cost(budget: i64, cost: Cost, policy: Policy) -> Result<Self> {
+        let mut s = Scheduler::new(budget, 1.0, 2.0, policy)?;
+        s.set_cost(cost)?;
+        Ok(s)
+    }
+
+    /// Charge every later admission and decode with `cost`. Meant for
+    /// configuration, before requests run: charges already made (including
+    /// predictions pre-charged at admission, whose refund is computed with the
+    /// cost in force at finish) are not revisited.
+    pub fn set_cost(&mut self, cost: Cost) -> Result<()> {
+        cost.validate()?;
+        self.cost = cost;
+        Ok(())
+    }
+
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
+
+    /// Limit each client's KV tokens in the running batch (`None`: no cap).
+    /// See [`schedule`](Self::schedule) for the rule. Fails for a cap of 0.
+    pub fn set_client_cap(&mut self, cap: Option<u64>) -> Result<()> {
+        if cap == Some(0) {
+            return Err(CoreError::InvalidClientCap(0));
+        }
+        self.client_cap = cap;
+        Ok(())
+    }
+
+    pub fn client_cap(&self) -> Option<u64> {
+        self.client_cap
+    }
+
+    /// Predict output lengths of requests submitted without one.
+    pub fn set_predictor(&mut self, p: Predictor) {
+        self.predictor = p;
+    }
+
+    pub fn predictor(&self) -> Predictor {
+        self.predictor
     }
 
     // ---------------------------------------------------------------- views
@@ -200,11 +294,13 @@ impl Scheduler {
     pub fn budget(&self) -> u64 {
         self.budget
     }
+    /// The cost's per-prompt-token coefficient (`wp`; `a_p` for quadratic).
     pub fn wp(&self) -> f64 {
-        self.wp
+        self.cost.wp()
     }
+    /// The cost's per-generated-token coefficient (`wq`; `a_q` for quadratic).
     pub fn wq(&self) -> f64 {
-        self.wq
+        self.cost.wq()
     }
     pub fn policy(&self) -> Policy {
         self.policy
@@ -295,6 +391,9 @@ impl Scheduler {
     pub fn add_client(&mut self) -> ClientId {
         if let Some(id) = self.free_clients.pop() {
             self.clients[id as usize] = Client::default();
+            if let Some(m) = self.means.get_mut(id as usize) {
+                *m = None;
+            }
             return ClientId(id);
         }
         let id = u32::try_from(self.clients.len()).expect("more than 2^32 clients");
@@ -380,8 +479,14 @@ impl Scheduler {
             }
         };
         let start = out.len();
+        let means = &self.means;
         for (i, cl) in self.clients.iter_mut().enumerate() {
-            let idle = cl.live && cl.n_waiting == 0 && cl.n_running == 0 && cl.weight == 1.0;
+            let idle = cl.live
+                && cl.n_waiting == 0
+                && cl.n_running == 0
+                && cl.weight == 1.0
+                && cl.credit == 0.0
+                && means.get(i).is_none_or(|m| m.is_none());
             if idle && cl.counter <= limit && self.last_left != Some(i as u32) {
                 *cl = Client {
                     live: false,
@@ -423,10 +528,18 @@ impl Scheduler {
     /// Both the counter and the delivered service grow by the same amount;
     /// `amount` is `(w * tokens) * inv_w >= 0`, so counters never decrease.
     /// The caller re-keys the client (`adjust`) once it is done charging.
+    ///
+    /// A refund credit (length prediction) is absorbed first: the charge is
+    /// reduced by up to `credit`, never below 0.
     #[inline(always)]
     fn update_curr(&mut self, c: u32, weighted_tokens: f64) {
         let cl = &mut self.clients[c as usize];
-        let amount = weighted_tokens * cl.inv_w;
+        let mut amount = weighted_tokens * cl.inv_w;
+        if cl.credit > 0.0 {
+            let used = cl.credit.min(amount);
+            amount -= used;
+            cl.credit -= used;
+        }
         cl.counter += amount;
         cl.service += amount;
     }
@@ -465,7 +578,14 @@ impl Scheduler {
             return;
         };
         let cl = &mut self.clients[k as usize];
-        if floor > cl.counter {
+        // With a refund credit the client's "true" counter is counter - credit;
+        // the lift raises that to the floor, so credit below the floor is
+        // forfeited (idle time banks nothing, refunds included).
+        if cl.credit > 0.0 {
+            let raised = cl.counter.max(floor);
+            cl.credit = raised - (cl.counter - cl.credit).max(floor);
+            cl.counter = raised;
+        } else if floor > cl.counter {
             cl.counter = floor;
         }
     }
@@ -544,6 +664,22 @@ impl Scheduler {
     /// The checks `submit` makes on a request id and prompt length, without
     /// submitting (lets a caller validate before creating a client).
     pub fn check_submit(&self, rid: u64, prompt_len: i64, cached_len: i64) -> Result<()> {
+        self.check_submit_full(rid, prompt_len, cached_len, None)
+    }
+
+    /// [`check_submit`](Self::check_submit) with a predicted output length.
+    pub fn check_submit_full(
+        &self,
+        rid: u64,
+        prompt_len: i64,
+        cached_len: i64,
+        predicted_output: Option<i64>,
+    ) -> Result<()> {
+        if let Some(p) = predicted_output {
+            if p < 0 || p as u64 > MAX_TOKENS_PER_CALL {
+                return Err(CoreError::InvalidPrediction(p));
+            }
+        }
         if prompt_len <= 0 {
             return Err(CoreError::InvalidPrompt(prompt_len));
         }
@@ -580,7 +716,22 @@ impl Scheduler {
         prompt_len: i64,
         cached_len: i64,
     ) -> Result<()> {
-        self.check_submit(rid, prompt_len, cached_len)?;
+        self.submit_full(rid, c, prompt_len, cached_len, None)
+    }
+
+    /// [`submit_cached`](Self::submit_cached) with an optional predicted
+    /// output length (oracle or user-supplied): charged up front at first
+    /// admission, then only tokens beyond it; an over-estimate is refunded
+    /// as credit when the request finishes (see `settle`).
+    pub fn submit_full(
+        &mut self,
+        rid: u64,
+        c: ClientId,
+        prompt_len: i64,
+        cached_len: i64,
+        predicted_output: Option<i64>,
+    ) -> Result<()> {
+        self.check_submit_full(rid, prompt_len, cached_len, predicted_output)?;
         let prompt = prompt_len as u64;
         let k = c.0;
         if !self.clients.get(k as usize).is_some_and(|cl| cl.live) {
@@ -604,6 +755,8 @@ impl Scheduler {
             decode_epoch: 0,
             state: Slot::Waiting,
             prefill_paid: false,
+            prediction_given: predicted_output.is_some(),
+            predicted: predicted_output.unwrap_or(0) as u64,
         });
         self.index.insert(rid, slot);
         let cl = &mut self.clients[k as usize];
@@ -636,7 +789,9 @@ impl Scheduler {
         debug_assert!(self.entry_live(&entry));
         self.admit_seq += 1;
         let admit_seq = self.admit_seq;
-        let wp = self.wp;
+        let cost = self.cost;
+        let predictor = self.predictor;
+        let mean = self.means.get(c as usize).copied().flatten();
         let r = &mut self.requests[entry.slot as usize];
         r.state = Slot::Running;
         r.admit_seq = admit_seq;
@@ -646,7 +801,20 @@ impl Scheduler {
         let charge = if r.prefill_paid {
             None
         } else {
-            Some(wp * (r.prompt - r.cached) as f64)
+            let predicted = match (r.prediction_given, predictor) {
+                (true, _) => r.predicted,
+                (false, Predictor::Mean) => mean.map_or(0, |m| m as u64),
+                _ => 0,
+            };
+            r.predicted = predicted;
+            let prefill = cost.prefill(r.prompt - r.cached);
+            Some(if predicted > 0 {
+                let mut p = Pending::default();
+                p.add(r.prompt, 0, predicted);
+                prefill + cost.decode(&p)
+            } else {
+                prefill
+            })
         };
         r.prefill_paid = true;
         self.occupancy += fp;
@@ -656,6 +824,7 @@ impl Scheduler {
             self.update_curr(c, w);
         }
         let cl = &mut self.clients[c as usize];
+        cl.occupancy += fp;
         cl.n_waiting -= 1;
         cl.n_running += 1;
         if cl.n_waiting == 0 {
@@ -670,8 +839,20 @@ impl Scheduler {
     /// Fill the batch: admit from the least-served backlogged client until
     /// the next request does not fit in `M` (no skipping). Appends the
     /// admitted ids, in admission order, to `out` and returns how many.
+    ///
+    /// With a per-client cap ([`set_client_cap`](Self::set_client_cap)), a
+    /// client is *eligible* when it has nothing running or when its running
+    /// KV tokens plus its head request's footprint stay within the cap. An
+    /// ineligible client is removed from selection for the rest of this call
+    /// (as if it had nothing waiting, but it keeps its counter and place);
+    /// the no-skipping rule applies among eligible clients: the least-counter
+    /// eligible client's head either fits in `M` or admission stops.
     pub fn schedule(&mut self, out: &mut Vec<u64>) -> usize {
         let start = out.len();
+        if self.client_cap.is_some() {
+            self.schedule_capped(out);
+            return out.len() - start;
+        }
         while let Some(s) = self.next_slot() {
             if self.occupancy + self.requests[s as usize].footprint() > self.budget {
                 break;
@@ -679,6 +860,32 @@ impl Scheduler {
             out.push(self.admit_next().expect("next_slot was Some"));
         }
         out.len() - start
+    }
+
+    #[cold]
+    fn schedule_capped(&mut self, out: &mut Vec<u64>) {
+        let cap = self.client_cap.expect("capped");
+        let mut parked = std::mem::take(&mut self.parked);
+        while let Some((c, _)) = self.heap.top() {
+            let s = self.next_slot().expect("backlogged client has a head");
+            let fp = self.requests[s as usize].footprint();
+            let cl = &self.clients[c as usize];
+            if cl.n_running > 0 && cl.occupancy + fp > cap {
+                self.heap.remove(c, &mut self.clients[..]);
+                parked.push(c);
+                continue;
+            }
+            if self.occupancy + fp > self.budget {
+                break;
+            }
+            out.push(self.admit_next().expect("heap top has a head"));
+        }
+        for &c in &parked {
+            let key = self.key_of(c);
+            self.heap.push(c, key, &mut self.clients[..]);
+        }
+        parked.clear();
+        self.parked = parked;
     }
 
     /// The request the policy would admit next, if any.
@@ -713,21 +920,25 @@ impl Scheduler {
         Ok(self.admit_next())
     }
 
-    /// Charge every client its `pending_tokens` and re-key it.
+    /// Charge every touched client its pending decode tokens and re-key it.
     ///
     /// When a decode touches a large share of the backlogged clients (a big
     /// batch over few clients), re-keying each with its own sift costs more
     /// than one O(C) rebuild: every client gets about the same charge in no
     /// particular order, so each sift sinks past siblings not yet charged.
     fn charge_touched(&mut self) {
-        let wq = self.wq;
+        let cost = self.cost;
         let touched = std::mem::take(&mut self.touched);
         let rekey = self.policy != Policy::Fcfs;
         let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= self.heap.len();
         for &c in &touched {
             let cl = &mut self.clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
-            self.update_curr(c, wq * t as f64);
+            let amount = match cost {
+                Cost::Linear { wq, .. } => wq * t as f64,
+                _ => cost.decode(&std::mem::take(&mut self.extra[c as usize])),
+            };
+            self.update_curr(c, amount);
             if bulk {
                 if self.clients[c as usize].heap_pos != NOT_IN_HEAP {
                     let key = self.key_of(c);
@@ -744,13 +955,34 @@ impl Scheduler {
         self.touched.clear();
     }
 
+    /// Record that a request of client `c` with prompt `prompt`, having
+    /// generated `before` tokens and with `predicted` tokens pre-charged,
+    /// generated `tokens > 0` more; only the tokens beyond the prediction
+    /// are charged.
     #[inline(always)]
-    fn add_pending(&mut self, c: u32, tokens: u64) {
+    fn add_pending(&mut self, c: u32, prompt: u64, before: u64, tokens: u64, predicted: u64) {
+        let linear = self.cost.is_linear();
         let cl = &mut self.clients[c as usize];
+        cl.occupancy += tokens;
+        let (before, tokens) = if predicted > before {
+            let end = before + tokens;
+            if end <= predicted {
+                return;
+            }
+            (predicted, end - predicted)
+        } else {
+            (before, tokens)
+        };
         if cl.pending_tokens == 0 {
             self.touched.push(c);
         }
         cl.pending_tokens += tokens;
+        if !linear {
+            if self.extra.len() <= c as usize {
+                self.extra.resize(self.clients.len(), Pending::default());
+            }
+            self.extra[c as usize].add(prompt, before, tokens);
+        }
     }
 
     /// One engine iteration: every running request generates one token.
@@ -773,9 +1005,9 @@ impl Scheduler {
         for i in 0..keep {
             let s = self.running[i];
             let r = &mut self.requests[s as usize];
+            let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
             r.generated += 1;
-            let c = r.client;
-            self.add_pending(c, 1);
+            self.add_pending(c, prompt, before, 1, pred);
         }
         self.occupancy += keep as u64;
         self.charge_touched();
@@ -878,11 +1110,11 @@ impl Scheduler {
         for (i, &s) in slots.iter().enumerate() {
             let t = count(i) as u64;
             let r = &mut self.requests[s as usize];
+            let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
             r.generated += t;
             total += t;
-            let c = r.client;
             if t > 0 {
-                self.add_pending(c, t);
+                self.add_pending(c, prompt, before, t, pred);
             }
         }
         self.slots = slots;
@@ -899,8 +1131,11 @@ impl Scheduler {
             .expect("running request is in the running list");
         self.running.remove(pos);
         let r = &self.requests[s as usize];
-        self.occupancy -= r.footprint();
-        self.clients[r.client as usize].n_running -= 1;
+        let fp = r.footprint();
+        self.occupancy -= fp;
+        let cl = &mut self.clients[r.client as usize];
+        cl.n_running -= 1;
+        cl.occupancy -= fp;
     }
 
     fn preempt_slot(&mut self, s: u32) {
@@ -934,9 +1169,50 @@ impl Scheduler {
         Ok(())
     }
 
+    /*
+     * settle: a request with a predicted output length leaves.
+     *
+     * It was charged h(n_p, p) - h(n_p, 0) for its predicted p tokens at
+     * admission and then only for tokens beyond p. If it generated g < p,
+     * the tokens g+1..p were paid for and never delivered. The paper
+     * subtracts them from the counter; here counters never decrease, so the
+     * over-charge becomes a *credit* that absorbs the client's next charges
+     * (its counter stays flat until the credit is used up). The client's
+     * effective counter, counter - credit, is exactly the paper's; the
+     * difference is only that the priority catches up gradually instead of
+     * jumping back, and the lift forfeits credit that lies below the floor
+     * (a returning client banks no refunds either, see place_entity).
+     * Applies to finish and to cancelling a request that was admitted.
+     * With `learn`, the `mean` predictor learns the actual length.
+     */
+    fn settle(&mut self, s: u32, learn: bool) {
+        let r = &self.requests[s as usize];
+        if !r.prefill_paid {
+            return;
+        }
+        let (c, prompt, g, p) = (r.client, r.prompt, r.generated, r.predicted);
+        if p > g {
+            let mut over = Pending::default();
+            over.add(prompt, g, p - g);
+            let cl = &mut self.clients[c as usize];
+            cl.credit += self.cost.decode(&over) * cl.inv_w;
+        }
+        if learn && self.predictor == Predictor::Mean {
+            if self.means.len() <= c as usize {
+                self.means.resize(self.clients.len(), None);
+            }
+            let m = &mut self.means[c as usize];
+            *m = Some(match *m {
+                Some(mean) => mean + (g as f64 - mean) * 0.125,
+                None => g as f64,
+            });
+        }
+    }
+
     /// A running request is done: its tokens leave the KV budget.
     pub fn finish(&mut self, rid: u64) -> Result<()> {
         let s = self.running_slot(rid, Op::Finish)?;
+        self.settle(s, true);
         self.remove_running(s);
         self.free_slot(s);
         Ok(())
@@ -948,10 +1224,12 @@ impl Scheduler {
         let s = self.slot_of(rid)?;
         match self.requests[s as usize].state {
             Slot::Running => {
+                self.settle(s, false);
                 self.remove_running(s);
                 self.free_slot(s);
             }
             Slot::Waiting => {
+                self.settle(s, false);
                 let c = self.requests[s as usize].client;
                 let was_head = self.clients[c as usize].head_seq == self.requests[s as usize].seq;
                 self.free_slot(s);
@@ -994,8 +1272,11 @@ impl Scheduler {
         }
         let mut waiting = 0usize;
         let mut running = vec![0usize; self.clients.len()];
+        let mut occ_of = vec![0u64; self.clients.len()];
         for &s in &self.running {
-            running[self.requests[s as usize].client as usize] += 1;
+            let r = &self.requests[s as usize];
+            running[r.client as usize] += 1;
+            occ_of[r.client as usize] += r.footprint();
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {
@@ -1022,6 +1303,12 @@ impl Scheduler {
                 return Err(format!(
                     "client {i}: n_running {} != {}",
                     cl.n_running, running[i]
+                ));
+            }
+            if cl.occupancy != occ_of[i] {
+                return Err(format!(
+                    "client {i}: occupancy {} != {}",
+                    cl.occupancy, occ_of[i]
                 ));
             }
             waiting += cl.n_waiting;

@@ -112,6 +112,9 @@ pub fn kind_of(e: &CoreError) -> Kind {
     use CoreError::*;
     match e {
         InvalidBudget(_)
+        | InvalidClientCap(_)
+        | InvalidPrediction(_)
+        | UnknownPredictor(_)
         | InvalidTokenWeight { .. }
         | InvalidWeight(_)
         | InvalidPrompt(_)

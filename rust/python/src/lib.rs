@@ -14,7 +14,7 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
-use vtc_core::{ClientId, CoreError, Policy, RequestState, Tokens};
+use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
 
 use errors::{invalid, Error, Result};
 
@@ -212,6 +212,273 @@ fn key_to_py<'py>(py: Python<'py>, k: &Key) -> PyResult<Bound<'py, PyAny>> {
     })
 }
 
+fn coef(what: &str, obj: Option<&Bound<'_, PyAny>>, default: f64) -> Result<f64> {
+    obj.map(|o| float_arg(what, o))
+        .transpose()
+        .map(|v| v.unwrap_or(default))
+}
+
+/// Linear cost `wp * n_p + wq * n_q` (the default).
+#[pyclass(frozen, eq, module = "vtc", name = "LinearCost")]
+#[derive(Clone, Copy, PartialEq)]
+struct PyLinearCost {
+    #[pyo3(get)]
+    wp: f64,
+    #[pyo3(get)]
+    wq: f64,
+}
+
+#[pymethods]
+impl PyLinearCost {
+    #[new]
+    #[pyo3(signature = (wp = None, wq = None))]
+    fn new(wp: Option<&Bound<'_, PyAny>>, wq: Option<&Bound<'_, PyAny>>) -> Result<Self> {
+        let c = PyLinearCost {
+            wp: coef("wp", wp, 1.0)?,
+            wq: coef("wq", wq, 2.0)?,
+        };
+        c.cost().validate()?;
+        Ok(c)
+    }
+    fn __repr__(&self) -> String {
+        format!("LinearCost(wp={:?}, wq={:?})", self.wp, self.wq)
+    }
+    fn __hash__(&self) -> u64 {
+        hash_f64s(&[0.0, self.wp, self.wq])
+    }
+}
+
+impl PyLinearCost {
+    fn cost(&self) -> Cost {
+        Cost::Linear {
+            wp: self.wp,
+            wq: self.wq,
+        }
+    }
+}
+
+/// Profiled cost `a_p*n_p + a_q*n_q + a_pq*n_p*n_q + a_qq*n_q**2 + c` (the paper's defaults).
+#[pyclass(frozen, eq, module = "vtc", name = "QuadraticCost")]
+#[derive(Clone, Copy, PartialEq)]
+struct PyQuadraticCost {
+    #[pyo3(get)]
+    a_p: f64,
+    #[pyo3(get)]
+    a_q: f64,
+    #[pyo3(get)]
+    a_pq: f64,
+    #[pyo3(get)]
+    a_qq: f64,
+    #[pyo3(get)]
+    c: f64,
+}
+
+#[pymethods]
+impl PyQuadraticCost {
+    #[new]
+    #[pyo3(signature = (a_p = None, a_q = None, a_pq = None, a_qq = None, c = None))]
+    fn new(
+        a_p: Option<&Bound<'_, PyAny>>,
+        a_q: Option<&Bound<'_, PyAny>>,
+        a_pq: Option<&Bound<'_, PyAny>>,
+        a_qq: Option<&Bound<'_, PyAny>>,
+        c: Option<&Bound<'_, PyAny>>,
+    ) -> Result<Self> {
+        let q = PyQuadraticCost {
+            a_p: coef("a_p", a_p, 2.1)?,
+            a_q: coef("a_q", a_q, 1.0)?,
+            a_pq: coef("a_pq", a_pq, 0.04)?,
+            a_qq: coef("a_qq", a_qq, 0.032)?,
+            c: coef("c", c, 11.46)?,
+        };
+        q.cost().validate()?;
+        Ok(q)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "QuadraticCost(a_p={:?}, a_q={:?}, a_pq={:?}, a_qq={:?}, c={:?})",
+            self.a_p, self.a_q, self.a_pq, self.a_qq, self.c
+        )
+    }
+    fn __hash__(&self) -> u64 {
+        hash_f64s(&[1.0, self.a_p, self.a_q, self.a_pq, self.a_qq, self.c])
+    }
+}
+
+impl PyQuadraticCost {
+    fn cost(&self) -> Cost {
+        Cost::Quadratic {
+            a_p: self.a_p,
+            a_q: self.a_q,
+            a_pq: self.a_pq,
+            a_qq: self.a_qq,
+            c: self.c,
+        }
+    }
+}
+
+/// Context-aware decode: `wp` per computed prompt token, `wq + beta * context_len` per
+/// generated token (context_len = prompt + tokens generated before it).
+#[pyclass(frozen, eq, module = "vtc", name = "ContextCost")]
+#[derive(Clone, Copy, PartialEq)]
+struct PyContextCost {
+    #[pyo3(get)]
+    wp: f64,
+    #[pyo3(get)]
+    wq: f64,
+    #[pyo3(get)]
+    beta: f64,
+}
+
+#[pymethods]
+impl PyContextCost {
+    #[new]
+    #[pyo3(signature = (wp = None, wq = None, beta = None))]
+    fn new(
+        wp: Option<&Bound<'_, PyAny>>,
+        wq: Option<&Bound<'_, PyAny>>,
+        beta: Option<&Bound<'_, PyAny>>,
+    ) -> Result<Self> {
+        let c = PyContextCost {
+            wp: coef("wp", wp, 1.0)?,
+            wq: coef("wq", wq, 2.0)?,
+            beta: coef("beta", beta, DEFAULT_BETA)?,
+        };
+        c.cost().validate()?;
+        Ok(c)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "ContextCost(wp={:?}, wq={:?}, beta={:?})",
+            self.wp, self.wq, self.beta
+        )
+    }
+    fn __hash__(&self) -> u64 {
+        hash_f64s(&[2.0, self.wp, self.wq, self.beta])
+    }
+}
+
+impl PyContextCost {
+    fn cost(&self) -> Cost {
+        Cost::Context {
+            wp: self.wp,
+            wq: self.wq,
+            beta: self.beta,
+        }
+    }
+}
+
+/// Default `beta` of `ContextCost`: a token decoded over 1024 tokens of context
+/// costs `wq + 2`, twice a bare token at the default `wq = 2`.
+const DEFAULT_BETA: f64 = 1.0 / 512.0;
+
+fn hash_f64s(v: &[f64]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for x in v {
+        // +0.0 and -0.0 compare equal: hash them alike
+        (if *x == 0.0 { 0.0f64 } else { *x }).to_bits().hash(&mut h);
+    }
+    h.finish()
+}
+
+/// A `cost=` argument: a cost object or one of the names "linear", "quadratic",
+/// "context" (default coefficients).
+fn cost_arg(obj: &Bound<'_, PyAny>) -> Result<Cost> {
+    if let Ok(c) = obj.cast::<PyLinearCost>() {
+        return Ok(c.get().cost());
+    }
+    if let Ok(c) = obj.cast::<PyQuadraticCost>() {
+        return Ok(c.get().cost());
+    }
+    if let Ok(c) = obj.cast::<PyContextCost>() {
+        return Ok(c.get().cost());
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return match s.to_str()? {
+            "linear" => Ok(Cost::Linear { wp: 1.0, wq: 2.0 }),
+            "quadratic" => Ok(Cost::PAPER_QUADRATIC),
+            "context" => Ok(Cost::Context {
+                wp: 1.0,
+                wq: 2.0,
+                beta: DEFAULT_BETA,
+            }),
+            other => Err(invalid(format!(
+                "unknown cost {other:?}; expected 'linear', 'quadratic', 'context' or a cost object"
+            ))),
+        };
+    }
+    Err(type_error(
+        "cost",
+        "a LinearCost, QuadraticCost, ContextCost or a cost name",
+        obj,
+    ))
+}
+
+fn cost_to_py(py: Python<'_>, cost: Cost) -> PyResult<Py<PyAny>> {
+    Ok(match cost {
+        Cost::Linear { wp, wq } => Py::new(py, PyLinearCost { wp, wq })?.into_any(),
+        Cost::Quadratic {
+            a_p,
+            a_q,
+            a_pq,
+            a_qq,
+            c,
+        } => Py::new(
+            py,
+            PyQuadraticCost {
+                a_p,
+                a_q,
+                a_pq,
+                a_qq,
+                c,
+            },
+        )?
+        .into_any(),
+        Cost::Context { wp, wq, beta } => Py::new(py, PyContextCost { wp, wq, beta })?.into_any(),
+    })
+}
+
+fn cost_repr(cost: Cost) -> String {
+    match cost {
+        Cost::Linear { wp, wq } => PyLinearCost { wp, wq }.__repr__(),
+        Cost::Quadratic {
+            a_p,
+            a_q,
+            a_pq,
+            a_qq,
+            c,
+        } => PyQuadraticCost {
+            a_p,
+            a_q,
+            a_pq,
+            a_qq,
+            c,
+        }
+        .__repr__(),
+        Cost::Context { wp, wq, beta } => PyContextCost { wp, wq, beta }.__repr__(),
+    }
+}
+
+/// A `client_cap=` argument: an int number of tokens, or a float fraction of M in
+/// (0, 1] (`floor(fraction * M)` tokens, at least 1).
+fn client_cap_arg(obj: &Bound<'_, PyAny>, m: i64) -> Result<u64> {
+    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        let v = i64_arg("client_cap", obj)?;
+        if v < 1 {
+            return Err(CoreError::InvalidClientCap(v).into());
+        }
+        return Ok(v as u64);
+    }
+    let f = float_arg("client_cap", obj)?;
+    if !(f > 0.0 && f <= 1.0) {
+        return Err(invalid(format!(
+            "client_cap as a fraction of M must be in (0, 1], got {f:?}"
+        )));
+    }
+    Ok(((f * m as f64).floor() as u64).max(1))
+}
+
 /// The Virtual Token Counter scheduler. See `vtc/_core.pyi` for the API.
 #[pyclass(frozen, module = "vtc", name = "Scheduler")]
 struct PyScheduler {
@@ -231,15 +498,36 @@ impl PyScheduler {
 #[pymethods]
 impl PyScheduler {
     #[new]
-    #[pyo3(signature = (M, wp = None, wq = None, policy = None))]
+    #[pyo3(signature = (M, wp = None, wq = None, policy = None, *, cost = None, client_cap = None, predictor = None))]
     #[allow(non_snake_case)]
     fn new(
         M: &Bound<'_, PyAny>,
         wp: Option<&Bound<'_, PyAny>>,
         wq: Option<&Bound<'_, PyAny>>,
         policy: Option<&Bound<'_, PyAny>>,
+        cost: Option<&Bound<'_, PyAny>>,
+        client_cap: Option<&Bound<'_, PyAny>>,
+        predictor: Option<&Bound<'_, PyAny>>,
     ) -> Result<Self> {
         let m = i64_arg("M", M)?;
+        let predictor: Predictor = match predictor {
+            None => Predictor::None,
+            Some(p) => p
+                .cast::<PyString>()
+                .map_err(|_| type_error("predictor", "a str", p))?
+                .to_str()?
+                .parse()?,
+        };
+        if cost.is_some() && (wp.is_some() || wq.is_some()) {
+            return Err(invalid(
+                "give either wp/wq or cost, not both (LinearCost(wp, wq) is the default cost)"
+                    .into(),
+            ));
+        }
+        let cost = cost.map(cost_arg).transpose()?;
+        let cap = client_cap
+            .map(|c| client_cap_arg(c, m.max(1)))
+            .transpose()?;
         let wp = wp.map(|w| float_arg("wp", w)).transpose()?.unwrap_or(1.0);
         let wq = wq.map(|w| float_arg("wq", w)).transpose()?.unwrap_or(2.0);
         let policy: Policy = match policy {
@@ -250,7 +538,12 @@ impl PyScheduler {
                 .to_str()?
                 .parse()?,
         };
-        let core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
+        let mut core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
+        if let Some(cost) = cost {
+            core.set_cost(cost)?;
+        }
+        core.set_client_cap(cap)?;
+        core.set_predictor(predictor);
         Ok(PyScheduler {
             inner: Mutex::new(Inner {
                 core,
@@ -263,13 +556,55 @@ impl PyScheduler {
 
     fn __repr__(&self, py: Python<'_>) -> String {
         let g = self.lock(py);
-        format!(
-            "Scheduler(M={}, wp={:?}, wq={:?}, policy='{}')",
-            g.core.budget(),
-            g.core.wp(),
-            g.core.wq(),
-            g.core.policy().name()
-        )
+        let mut out = match g.core.cost() {
+            Cost::Linear { wp, wq } => format!(
+                "Scheduler(M={}, wp={wp:?}, wq={wq:?}, policy='{}'",
+                g.core.budget(),
+                g.core.policy().name()
+            ),
+            cost => format!(
+                "Scheduler(M={}, policy='{}', cost={}",
+                g.core.budget(),
+                g.core.policy().name(),
+                cost_repr(cost)
+            ),
+        };
+        if let Some(cap) = g.core.client_cap() {
+            out += &format!(", client_cap={cap}");
+        }
+        if g.core.predictor() != Predictor::None {
+            out += &format!(", predictor='{}'", g.core.predictor().name());
+        }
+        out + ")"
+    }
+
+    /// The cost function (a LinearCost, QuadraticCost or ContextCost).
+    #[getter]
+    fn cost(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let cost = self.lock(py).core.cost();
+        cost_to_py(py, cost)
+    }
+
+    /// Where predictions come from for requests submitted without one.
+    #[getter]
+    fn predictor(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).core.predictor().name()
+    }
+
+    /// Refund credit not yet absorbed by later charges (length prediction).
+    fn credit(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
+        let key = client_arg(client)?;
+        let g = self.lock(py);
+        Ok(match g.lookup(&key) {
+            Some(c) => g.core.client(c)?.credit(),
+            None => 0.0,
+        })
+    }
+
+    /// The per-client KV cap in tokens, or None.
+    #[getter]
+    fn client_cap(&self, py: Python<'_>) -> Option<u64> {
+        self.lock(py).core.client_cap()
     }
 
     #[getter(M)]
@@ -366,7 +701,7 @@ impl PyScheduler {
         })
     }
 
-    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None))]
+    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None, predicted_output = None))]
     fn submit(
         &self,
         py: Python<'_>,
@@ -374,6 +709,7 @@ impl PyScheduler {
         client: &Bound<'_, PyAny>,
         prompt_len: &Bound<'_, PyAny>,
         cached_len: Option<&Bound<'_, PyAny>>,
+        predicted_output: Option<&Bound<'_, PyAny>>,
     ) -> Result<()> {
         let rid = request_id_arg(request_id)?;
         let key = client_arg(client)?;
@@ -382,11 +718,14 @@ impl PyScheduler {
             .map(|c| i64_arg("cached_len", c))
             .transpose()?
             .unwrap_or(0);
+        let predicted = predicted_output
+            .map(|p| i64_arg("predicted_output", p))
+            .transpose()?;
         let mut g = self.lock(py);
         // Validate before interning so a rejected submit creates no client.
-        g.core.check_submit(rid, prompt, cached)?;
+        g.core.check_submit_full(rid, prompt, cached, predicted)?;
         let c = g.intern(&key);
-        g.core.submit_cached(rid, c, prompt, cached)?;
+        g.core.submit_full(rid, c, prompt, cached, predicted)?;
         Ok(())
     }
 
@@ -574,13 +913,42 @@ impl PyScheduler {
 
     /// A scheduler with the fairness state of `data` and no requests.
     #[staticmethod]
-    fn from_snapshot(py: Python<'_>, data: &Bound<'_, PyAny>) -> Result<Self> {
+    #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None))]
+    fn from_snapshot(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        cost: Option<&Bound<'_, PyAny>>,
+        client_cap: Option<&Bound<'_, PyAny>>,
+        predictor: Option<&Bound<'_, PyAny>>,
+    ) -> Result<Self> {
+        let cost = cost.map(cost_arg).transpose()?;
+        let predictor: Option<Predictor> = match predictor {
+            None => None,
+            Some(p) => Some(
+                p.cast::<PyString>()
+                    .map_err(|_| type_error("predictor", "a str", p))?
+                    .to_str()?
+                    .parse()?,
+            ),
+        };
         let bytes: Vec<u8> = data
             .cast::<PyBytes>()
             .map(|b| b.as_bytes().to_vec())
             .or_else(|_| data.extract::<Vec<u8>>())
             .map_err(|_| type_error("data", "bytes", data))?;
-        let restored = py.detach(|| vtc_core::Scheduler::restore(&bytes))?;
+        let mut restored = py.detach(|| vtc_core::Scheduler::restore(&bytes))?;
+        if let Some(cost) = cost {
+            restored.scheduler.set_cost(cost)?;
+        }
+        if let Some(cap) = client_cap {
+            let m = restored.scheduler.budget() as i64;
+            restored
+                .scheduler
+                .set_client_cap(Some(client_cap_arg(cap, m)?))?;
+        }
+        if let Some(p) = predictor {
+            restored.scheduler.set_predictor(p);
+        }
         let mut inner = Inner {
             core: restored.scheduler,
             ints: HashMap::new(),
@@ -651,6 +1019,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyScheduler>()?;
+    m.add_class::<PyLinearCost>()?;
+    m.add_class::<PyQuadraticCost>()?;
+    m.add_class::<PyContextCost>()?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [
         errors::Kind::InvalidArgument,
