@@ -23,6 +23,7 @@ from vtc._core import (
 from vtc.errors import (
     CapacityError,
     DuplicateRequestError,
+    InternalError,
     InvalidArgumentError,
     RequestStateError,
     SchedulerError,
@@ -41,6 +42,7 @@ __all__ = [
     "LinearCost",
     "QuadraticCost",
     "DuplicateRequestError",
+    "InternalError",
     "InvalidArgumentError",
     "RequestStateError",
     "Scheduler",

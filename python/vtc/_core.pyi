@@ -32,6 +32,11 @@ class RequestStateError(SchedulerError, ValueError):
 class SnapshotError(SchedulerError, ValueError):
     """A snapshot could not be restored (truncated, corrupted or another version)."""
 
+class InternalError(SchedulerError):
+    """An earlier internal error (a Rust panic, raised as ``PanicException``) left the
+    scheduler's state undefined: every call but ``snapshot()`` and ``repr()`` raises
+    this. Rebuild with ``Scheduler.from_snapshot(s.snapshot())``."""
+
 class CapacityError(SchedulerError):
     """The last running request alone cannot grow within M; finish or cancel it."""
 
@@ -268,5 +273,7 @@ class Scheduler:
         Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
         version.
         """
+    def _panic_for_tests(self) -> None:
+        """Tests only: panic inside the core's lock, as an internal bug would."""
     def _check_invariants(self) -> None:
         """Raise AssertionError if an internal invariant is broken (tests)."""

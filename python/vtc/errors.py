@@ -8,6 +8,7 @@ usual. Every one of them means the scheduler was left exactly as it was.
 from vtc._core import (
     CapacityError,
     DuplicateRequestError,
+    InternalError,
     InvalidArgumentError,
     RequestStateError,
     SchedulerError,
@@ -18,6 +19,7 @@ from vtc._core import (
 __all__ = [
     "CapacityError",
     "DuplicateRequestError",
+    "InternalError",
     "InvalidArgumentError",
     "RequestStateError",
     "SchedulerError",

@@ -8,7 +8,8 @@
 //! ├── UnknownRequestError(SchedulerError, KeyError)      an id that is neither waiting nor running
 //! ├── RequestStateError(SchedulerError, ValueError)      e.g. finishing a waiting request
 //! ├── SnapshotError(SchedulerError, ValueError)          a snapshot that cannot be restored
-//! └── CapacityError(SchedulerError)                      a lone request outgrew M
+//! ├── CapacityError(SchedulerError)                      a lone request outgrew M
+//! └── InternalError(SchedulerError)                      disabled after a panic (see lib.rs)
 //! ```
 //!
 //! The subclasses also derive from the matching built-in so that callers can
@@ -33,6 +34,7 @@ static UNKNOWN_REQUEST: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static REQUEST_STATE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static CAPACITY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static SNAPSHOT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INTERNAL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 #[derive(Clone, Copy)]
 pub enum Kind {
@@ -42,6 +44,7 @@ pub enum Kind {
     RequestState,
     Capacity,
     Snapshot,
+    Internal,
 }
 
 fn slot(kind: Kind) -> (&'static PyOnceLock<Py<PyType>>, &'static str, &'static str) {
@@ -71,6 +74,11 @@ fn slot(kind: Kind) -> (&'static PyOnceLock<Py<PyType>>, &'static str, &'static 
             "SnapshotError",
             "A snapshot could not be restored (truncated, corrupted or another version).",
         ),
+        Kind::Internal => (
+            &INTERNAL,
+            "InternalError",
+            "An earlier internal error (a panic) left the scheduler's state undefined; rebuild it from a snapshot.",
+        ),
         Kind::Capacity => (
             &CAPACITY,
             "CapacityError",
@@ -85,7 +93,7 @@ fn builtin_base(py: Python<'_>, kind: Kind) -> Option<Bound<'_, PyType>> {
             Some(py.get_type::<PyValueError>())
         }
         Kind::UnknownRequest => Some(py.get_type::<PyKeyError>()),
-        Kind::Capacity => None,
+        Kind::Capacity | Kind::Internal => None,
     }
 }
 

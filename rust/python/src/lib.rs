@@ -10,6 +10,8 @@ mod errors;
 use std::collections::HashMap;
 
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -483,14 +485,72 @@ fn client_cap_arg(obj: &Bound<'_, PyAny>, m: i64) -> Result<u64> {
 #[pyclass(frozen, module = "vtc", name = "Scheduler")]
 struct PyScheduler {
     inner: Mutex<Inner>,
+    /// Set when a panic unwound through a call holding the lock: the state
+    /// may be half-updated, so every later call refuses (see `lock`).
+    poisoned: AtomicBool,
+}
+
+/// The lock guard. Dropped during a panic's unwinding, it poisons the
+/// scheduler (as `std::sync::Mutex` would): PyO3 turns the panic itself into
+/// a Python `PanicException`, and every later call raises `InternalError`
+/// instead of working on state a panic may have left half-updated.
+struct Guard<'a> {
+    g: MutexGuard<'a, Inner>,
+    poisoned: &'a AtomicBool,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.g
+    }
 }
 
 impl PyScheduler {
-    /// Take the lock; if another thread holds it, wait with the GIL released.
-    fn lock<'a>(&'a self, py: Python<'_>) -> MutexGuard<'a, Inner> {
-        match self.inner.try_lock() {
+    fn new_inner(inner: Inner) -> Self {
+        PyScheduler {
+            inner: Mutex::new(inner),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    /// Take the lock (waiting with the GIL released if another thread holds
+    /// it), unless an earlier panic poisoned the scheduler.
+    fn lock<'a>(&'a self, py: Python<'_>) -> Result<Guard<'a>> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(Error::Arg(
+                errors::Kind::Internal,
+                "the scheduler is disabled after an internal error (a panic) left its state \
+                 undefined; rebuild it with Scheduler.from_snapshot(s.snapshot())"
+                    .into(),
+            ));
+        }
+        Ok(self.lock_any(py))
+    }
+
+    /// The lock even when poisoned: only for `snapshot`, the way out.
+    fn lock_any<'a>(&'a self, py: Python<'_>) -> Guard<'a> {
+        let g = match self.inner.try_lock() {
             Some(g) => g,
             None => py.detach(|| self.inner.lock()),
+        };
+        Guard {
+            g,
+            poisoned: &self.poisoned,
         }
     }
 }
@@ -544,18 +604,16 @@ impl PyScheduler {
         }
         core.set_client_cap(cap)?;
         core.set_predictor(predictor);
-        Ok(PyScheduler {
-            inner: Mutex::new(Inner {
-                core,
-                ints: HashMap::new(),
-                strs: HashMap::new(),
-                keys: Vec::new(),
-            }),
-        })
+        Ok(PyScheduler::new_inner(Inner {
+            core,
+            ints: HashMap::new(),
+            strs: HashMap::new(),
+            keys: Vec::new(),
+        }))
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
-        let g = self.lock(py);
+        let g = self.lock_any(py);
         let mut out = match g.core.cost() {
             Cost::Linear { wp, wq } => format!(
                 "Scheduler(M={}, wp={wp:?}, wq={wq:?}, policy='{}'",
@@ -581,20 +639,20 @@ impl PyScheduler {
     /// The cost function (a LinearCost, QuadraticCost or ContextCost).
     #[getter]
     fn cost(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let cost = self.lock(py).core.cost();
+        let cost = self.lock(py)?.core.cost();
         cost_to_py(py, cost)
     }
 
     /// Where predictions come from for requests submitted without one.
     #[getter]
-    fn predictor(&self, py: Python<'_>) -> &'static str {
-        self.lock(py).core.predictor().name()
+    fn predictor(&self, py: Python<'_>) -> Result<&'static str> {
+        Ok(self.lock(py)?.core.predictor().name())
     }
 
     /// Refund credit not yet absorbed by later charges (length prediction).
     fn credit(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py);
+        let g = self.lock(py)?;
         Ok(match g.lookup(&key) {
             Some(c) => g.core.client(c)?.credit(),
             None => 0.0,
@@ -603,41 +661,41 @@ impl PyScheduler {
 
     /// The per-client KV cap in tokens, or None.
     #[getter]
-    fn client_cap(&self, py: Python<'_>) -> Option<u64> {
-        self.lock(py).core.client_cap()
+    fn client_cap(&self, py: Python<'_>) -> Result<Option<u64>> {
+        Ok(self.lock(py)?.core.client_cap())
     }
 
     #[getter(M)]
-    fn budget(&self, py: Python<'_>) -> u64 {
-        self.lock(py).core.budget()
+    fn budget(&self, py: Python<'_>) -> Result<u64> {
+        Ok(self.lock(py)?.core.budget())
     }
     #[getter]
-    fn wp(&self, py: Python<'_>) -> f64 {
-        self.lock(py).core.wp()
+    fn wp(&self, py: Python<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.wp())
     }
     #[getter]
-    fn wq(&self, py: Python<'_>) -> f64 {
-        self.lock(py).core.wq()
+    fn wq(&self, py: Python<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.wq())
     }
     #[getter]
-    fn policy(&self, py: Python<'_>) -> &'static str {
-        self.lock(py).core.policy().name()
+    fn policy(&self, py: Python<'_>) -> Result<&'static str> {
+        Ok(self.lock(py)?.core.policy().name())
     }
     #[getter]
-    fn occupancy(&self, py: Python<'_>) -> u64 {
-        self.lock(py).core.occupancy()
+    fn occupancy(&self, py: Python<'_>) -> Result<u64> {
+        Ok(self.lock(py)?.core.occupancy())
     }
     #[getter]
-    fn num_waiting(&self, py: Python<'_>) -> usize {
-        self.lock(py).core.num_waiting()
+    fn num_waiting(&self, py: Python<'_>) -> Result<usize> {
+        Ok(self.lock(py)?.core.num_waiting())
     }
     #[getter]
-    fn num_running(&self, py: Python<'_>) -> usize {
-        self.lock(py).core.num_running()
+    fn num_running(&self, py: Python<'_>) -> Result<usize> {
+        Ok(self.lock(py)?.core.num_running())
     }
     #[getter]
-    fn num_clients(&self, py: Python<'_>) -> usize {
-        self.lock(py).core.num_clients()
+    fn num_clients(&self, py: Python<'_>) -> Result<usize> {
+        Ok(self.lock(py)?.core.num_clients())
     }
 
     fn set_weight(
@@ -651,7 +709,7 @@ impl PyScheduler {
         if !(w.is_finite() && w > 0.0) {
             return Err(CoreError::InvalidWeight(w).into());
         }
-        let mut g = self.lock(py);
+        let mut g = self.lock(py)?;
         let c = g.intern(&key);
         g.core.set_weight(c, w)?;
         Ok(())
@@ -668,7 +726,7 @@ impl PyScheduler {
         if !v.is_finite() {
             return Err(CoreError::InvalidCounter(v).into());
         }
-        let mut g = self.lock(py);
+        let mut g = self.lock(py)?;
         let c = g.intern(&key);
         g.core.raise_counter(c, v)?;
         Ok(())
@@ -676,7 +734,7 @@ impl PyScheduler {
 
     fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py);
+        let g = self.lock(py)?;
         Ok(match g.lookup(&key) {
             Some(c) => g.core.client(c)?.weight(),
             None => 1.0,
@@ -685,7 +743,7 @@ impl PyScheduler {
 
     fn counter(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py);
+        let g = self.lock(py)?;
         Ok(match g.lookup(&key) {
             Some(c) => g.core.counter(c)?,
             None => 0.0,
@@ -694,7 +752,7 @@ impl PyScheduler {
 
     fn service(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py);
+        let g = self.lock(py)?;
         Ok(match g.lookup(&key) {
             Some(c) => g.core.service(c)?,
             None => 0.0,
@@ -721,7 +779,7 @@ impl PyScheduler {
         let predicted = predicted_output
             .map(|p| i64_arg("predicted_output", p))
             .transpose()?;
-        let mut g = self.lock(py);
+        let mut g = self.lock(py)?;
         // Validate before interning so a rejected submit creates no client.
         g.core.check_submit_full(rid, prompt, cached, predicted)?;
         let c = g.intern(&key);
@@ -732,7 +790,7 @@ impl PyScheduler {
     fn schedule<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let mut out = Vec::new();
         {
-            let mut g = self.lock(py);
+            let mut g = self.lock(py)?;
             g.core.schedule(&mut out);
         }
         PyList::new(py, out)
@@ -752,7 +810,7 @@ impl PyScheduler {
                 )));
             }
             let mut preempted = Vec::new();
-            let mut g = self.lock(py);
+            let mut g = self.lock(py)?;
             let n = g.core.num_running();
             if n >= DETACH_MIN {
                 py.detach(|| g.core.decode_step(&mut preempted))?;
@@ -792,7 +850,7 @@ impl PyScheduler {
             Toks::Each(t) => Tokens::Each(*t),
             Toks::Per(v) => Tokens::PerRequest(v),
         };
-        let mut g = self.lock(py);
+        let mut g = self.lock(py)?;
         if rids.len() >= DETACH_MIN {
             py.detach(|| g.core.decode(&rids, tokens))?;
         } else {
@@ -804,30 +862,30 @@ impl PyScheduler {
 
     fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
         let rid = request_id_arg(request_id)?;
-        self.lock(py).core.finish(rid)?;
+        self.lock(py)?.core.finish(rid)?;
         Ok(())
     }
 
     fn cancel(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
         let rid = request_id_arg(request_id)?;
-        self.lock(py).core.cancel(rid)?;
+        self.lock(py)?.core.cancel(rid)?;
         Ok(())
     }
 
     fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
         let rid = request_id_arg(request_id)?;
-        self.lock(py).core.preempt(rid)?;
+        self.lock(py)?.core.preempt(rid)?;
         Ok(())
     }
 
-    fn peek(&self, py: Python<'_>) -> Option<u64> {
-        self.lock(py).core.peek()
+    fn peek(&self, py: Python<'_>) -> Result<Option<u64>> {
+        Ok(self.lock(py)?.core.peek())
     }
 
     #[pyo3(signature = (cached_len = None))]
     fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
         let cached = cached_len.map(|c| i64_arg("cached_len", c)).transpose()?;
-        Ok(self.lock(py).core.pop_cached(cached)?)
+        Ok(self.lock(py)?.core.pop_cached(cached)?)
     }
 
     fn status(
@@ -836,7 +894,7 @@ impl PyScheduler {
         request_id: &Bound<'_, PyAny>,
     ) -> Result<Option<&'static str>> {
         let rid = request_id_arg(request_id)?;
-        Ok(self.lock(py).core.status(rid).map(|s| match s {
+        Ok(self.lock(py)?.core.status(rid).map(|s| match s {
             RequestState::Waiting => "waiting",
             RequestState::Running => "running",
         }))
@@ -844,16 +902,16 @@ impl PyScheduler {
 
     fn generated(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<u64> {
         let rid = request_id_arg(request_id)?;
-        Ok(self.lock(py).core.generated(rid)?)
+        Ok(self.lock(py)?.core.generated(rid)?)
     }
 
     fn running<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let ids: Vec<u64> = self.lock(py).core.running().collect();
+        let ids: Vec<u64> = self.lock(py)?.core.running().collect();
         PyList::new(py, ids)
     }
 
     fn clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys: Vec<Key> = self.lock(py).live_keys().map(|(_, k)| k.clone()).collect();
+        let keys: Vec<Key> = self.lock(py)?.live_keys().map(|(_, k)| k.clone()).collect();
         let list = PyList::empty(py);
         for k in &keys {
             list.append(key_to_py(py, k)?)?;
@@ -871,8 +929,8 @@ impl PyScheduler {
 
     /// Forget idle clients whose state can no longer influence a decision;
     /// returns how many were forgotten.
-    fn forget_idle(&self, py: Python<'_>) -> usize {
-        let mut g = self.lock(py);
+    fn forget_idle(&self, py: Python<'_>) -> Result<usize> {
+        let mut g = self.lock(py)?;
         let mut gone = Vec::new();
         g.core.forget_idle(&mut gone);
         for c in &gone {
@@ -892,14 +950,15 @@ impl PyScheduler {
         if g.strs.capacity() > 4 * g.strs.len() + 1024 {
             g.strs.shrink_to_fit();
         }
-        gone.len()
+        Ok(gone.len())
     }
 
     /// The fairness state (configuration, every client's counter, service
-    /// and weight, the last client to leave the backlog) as bytes.
+    /// and weight, the last client to leave the backlog) as bytes. Works
+    /// even on a scheduler disabled by an internal error: it is the way out.
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let data = {
-            let g = self.lock(py);
+            let g = self.lock_any(py);
             g.core.snapshot(|c| {
                 encode_key(
                     g.keys[c.0 as usize]
@@ -969,13 +1028,17 @@ impl PyScheduler {
             }
             inner.keys.push(Some(key));
         }
-        Ok(PyScheduler {
-            inner: Mutex::new(inner),
-        })
+        Ok(PyScheduler::new_inner(inner))
+    }
+
+    /// Tests only: panic while holding the lock, as an internal bug would.
+    fn _panic_for_tests(&self, py: Python<'_>) -> Result<()> {
+        let _guard = self.lock(py)?;
+        panic!("deliberate internal panic (tests)");
     }
 
     fn _check_invariants(&self, py: Python<'_>) -> Result<()> {
-        let g = self.lock(py);
+        let g = self.lock(py)?;
         g.core
             .check_invariants()
             .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
@@ -996,7 +1059,7 @@ impl PyScheduler {
         f: impl Fn(&vtc_core::Client) -> f64,
     ) -> PyResult<Bound<'py, PyDict>> {
         let values: Vec<(Key, f64)> = {
-            let g = self.lock(py);
+            let g = self.lock(py)?;
             g.live_keys()
                 .map(|(c, k)| {
                     (
@@ -1030,6 +1093,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         errors::Kind::RequestState,
         errors::Kind::Capacity,
         errors::Kind::Snapshot,
+        errors::Kind::Internal,
     ] {
         let ty = errors::exception_type(py, kind)?;
         m.add(ty.name()?.to_string().as_str(), ty)?;
