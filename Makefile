@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
 
-.PHONY: run test dev lint bench clean system-deps
+.PHONY: run test dev lint bench clean test-vllm system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,20 @@ lint: dev
 bench: dev
 	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-json=bench/results/pytest.json
 	cargo bench -p vtc-core
+
+## test-vllm: the vLLM integration (tests/vllm) against a real CPU vLLM, in its own
+## virtualenv .venv-vllm (vLLM's pins stay out of .venv); scripts/install-vllm.sh installs it
+VLLM_VENV ?= .venv-vllm
+
+$(VLLM_VENV)/bin/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+
+test-vllm: $(VLLM_VENV)/bin/python
+	bash scripts/install-vllm.sh $(VLLM_VENV)/bin/python
+	$(VLLM_VENV)/bin/pip install -q '.[test]'
+	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm/test_vllm_scheduler.py tests/vllm/test_vllm_e2e.py
+	$(VLLM_VENV)/bin/python -m pytest -q bench/test_vllm_overhead.py --benchmark-disable
 
 clean:
 	rm -rf $(VENV) target results
