@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
 
-.PHONY: run test dev lint bench clean test-vllm system-deps
+.PHONY: run test test-core dev lint bench clean test-vllm system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ system-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server; }
 
-## test: every test: the Rust core's cargo tests, then pytest, then the linters
-test: system-deps dev
+## test: every test (the README's second command): test-core, then the SGLang and
+## vLLM integrations against the real engines, each in its own virtualenv
+test: test-core test-sglang test-vllm
+
+## test-core: the fast suite: the Rust core's cargo tests, pytest (with Redis), ruff, clippy
+test-core: system-deps dev
 	cargo test --release -p vtc-core
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .

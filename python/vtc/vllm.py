@@ -1,0 +1,732 @@
+"""Virtual Token Counter fair scheduling for vLLM's V1 engine.
+
+Serve with VTC by naming the scheduler class; nothing else changes::
+
+    vllm serve MODEL --scheduler-cls vtc.vllm.VTCScheduler
+
+(``LLM(..., scheduler_cls="vtc.vllm.VTCScheduler")`` offline;
+:class:`AsyncVTCScheduler` is the variant for ``--async-scheduling``.)
+
+How it fits into vLLM
+---------------------
+vLLM's ``Scheduler.schedule()`` serves running requests first, then walks its
+waiting queue with ``peek_request()``/``pop_request()`` and stops at the first
+request whose KV blocks cannot be allocated. This module replaces that queue
+(``self.waiting``) with :class:`VTCRequestQueue`, whose order is decided by one
+``vtc.Scheduler`` (the Rust core) in engine mode: ``peek()``/``pop()``/
+``preempt()``/``decode(ids, tokens)``. vLLM keeps doing its own memory checks, so
+the core's KV budget ``M`` (the engine's KV capacity in tokens) is never used to
+refuse anything.
+
+Charging follows the engine, not the queue operations:
+
+* **Arrival**: ``submit`` (the core lifts a returning tenant to the floor).
+* **Prefill**: only when vLLM really admits the request. vLLM pops requests it
+  then skips (grammar still compiling, LoRA slots full, KV still loading ...)
+  and puts back. A pop is therefore provisional: it is settled at the next
+  queue operation (or at the end of ``schedule()``), when vLLM has either made
+  the request ``RUNNING`` (admitted: ``pop(cached_len=...)`` charges the prompt
+  minus its prefix-cache hit) or set it aside (the core drops it with
+  ``cancel``, which charges nothing, and it is submitted again when vLLM puts
+  it back; see :class:`VTCRequestQueue` for what that implies).
+* **Decode**: in ``update_from_output()``, the tokens each request really
+  produced in the step (several with speculative decoding), in one
+  ``decode(ids, tokens)`` call.
+* **Preemption**: vLLM puts the victim back at the head of the waiting queue;
+  the core's ``preempt`` does the same and never charges its prompt again.
+* **Finish/abort**: ``finish``/``cancel``, leaving nothing behind.
+
+Tenants and weights
+-------------------
+A request's tenant is ``sampling_params.extra_args[KEY]`` (the OpenAI server's
+``vllm_xargs``), ``KEY`` from ``VTC_TENANT_KEY`` (default ``"tenant"``); without
+one, the LoRA adapter's name; otherwise ``"default"``. A tenant that is not a
+str or int, is empty or longer than 128 characters is treated as absent: a
+request is never refused for its tenant. Ints and their decimal strings name
+the same tenant. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"`` and/or a JSON object
+in the file named by ``VTC_WEIGHTS_FILE`` (the variable wins on a clash).
+``VTC_WP``/``VTC_WQ`` set the prompt/generated token prices (default 1 and 2).
+The tenant field is chosen by the caller: set or overwrite it at a trusted
+gateway.
+
+Observing
+---------
+``tenant_counters()``/``tenant_services()`` on the scheduler; a log line every
+``VTC_LOG_INTERVAL`` seconds; with ``VTC_TRACE_FILE`` a JSON-lines trace of the
+tokens each tenant got (:class:`TenantTrace`), which
+:class:`TenantTracingScheduler` also writes for vLLM's stock policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+import vtc
+
+__all__ = [
+    "AsyncVTCScheduler",
+    "TenantTrace",
+    "TenantTracingScheduler",
+    "VTCConfig",
+    "VTCRequestQueue",
+    "VTCScheduler",
+    "parse_weights",
+    "resolve_tenant",
+]
+
+logger = init_logger("vllm.vtc")
+
+DEFAULT_TENANT = "default"
+MAX_TENANT_LEN = 128
+
+_WAITING = "waiting"  # waiting in the core, visible in the queue
+_PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
+_RUNNING = "running"  # admitted: running in the core
+_ASIDE = "aside"  # popped and skipped by vLLM this step: not in the core until put back
+
+
+def _valid_tenant(value: Any) -> str | None:
+    """``value`` as a tenant name, or None if it cannot name one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        value = str(value)
+    if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_LEN:
+        return value
+    return None
+
+
+def resolve_tenant(request: Request, key: str = "tenant") -> str | None:
+    """The tenant a request names: ``extra_args[key]``, else its LoRA adapter's name.
+
+    Returns None when neither names a valid tenant (the caller uses the default
+    tenant). Never raises on a malformed request.
+    """
+    params = request.sampling_params
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    if isinstance(extra, dict):
+        tenant = _valid_tenant(extra.get(key))
+        if tenant is not None:
+            return tenant
+    lora = request.lora_request
+    if lora is not None:
+        return _valid_tenant(getattr(lora, "lora_name", None))
+    return None
+
+
+def _check_weight(tenant: str, weight: Any) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
+        raise ValueError(f"VTC weight of tenant {tenant!r} is not a number: {weight!r}")
+    try:
+        w = float(weight)
+    except ValueError:
+        raise ValueError(f"VTC weight of tenant {tenant!r} is not a number: {weight!r}") from None
+    if not (math.isfinite(w) and w > 0):
+        raise ValueError(f"VTC weight of tenant {tenant!r} must be positive: {weight!r}")
+    return w
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """Parse ``"a=2,b=1.5"`` into ``{"a": 2.0, "b": 1.5}`` (ValueError if malformed)."""
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.rpartition("=")
+        tenant = _valid_tenant(name.strip())
+        if not sep or tenant is None:
+            raise ValueError(f"VTC_WEIGHTS entry {item!r} is not TENANT=WEIGHT")
+        weights[tenant] = _check_weight(tenant, value.strip())
+    return weights
+
+
+def _load_weights_file(path: str) -> dict[str, float]:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: VTC weights must be a JSON object of tenant: weight")
+    weights: dict[str, float] = {}
+    for name, value in data.items():
+        tenant = _valid_tenant(name)
+        if tenant is None:
+            raise ValueError(f"{path}: {name!r} is not a valid tenant name")
+        weights[tenant] = _check_weight(tenant, value)
+    return weights
+
+
+def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name)
+    if text is None or not text.strip():
+        return default
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
+    return value
+
+
+@dataclass
+class VTCConfig:
+    """How requests map to tenants and what a token costs (see the module docstring)."""
+
+    tenant_key: str = "tenant"
+    default_tenant: str = DEFAULT_TENANT
+    weights: dict[str, float] = field(default_factory=dict)
+    wp: float = 1.0
+    wq: float = 2.0
+    max_tenants: int = 10_000
+    log_interval: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> VTCConfig:
+        """Read ``VTC_TENANT_KEY``, ``VTC_WEIGHTS_FILE``, ``VTC_WEIGHTS``, ``VTC_WP``,
+        ``VTC_WQ``, ``VTC_MAX_TENANTS`` and ``VTC_LOG_INTERVAL`` (seconds between
+        counter log lines, 0 for none). A malformed value raises ValueError."""
+        env = os.environ if environ is None else environ
+        weights: dict[str, float] = {}
+        path = env.get("VTC_WEIGHTS_FILE", "").strip()
+        if path:
+            weights.update(_load_weights_file(path))
+        weights.update(parse_weights(env.get("VTC_WEIGHTS", "")))
+        key = env.get("VTC_TENANT_KEY", "").strip() or "tenant"
+        max_tenants = int(env.get("VTC_MAX_TENANTS", "").strip() or 10_000)
+        if max_tenants < 1:
+            raise ValueError(f"VTC_MAX_TENANTS must be >= 1, got {max_tenants}")
+        return cls(
+            tenant_key=key,
+            weights=weights,
+            wp=_env_float(env, "VTC_WP", 1.0),
+            wq=_env_float(env, "VTC_WQ", 2.0),
+            max_tenants=max_tenants,
+            log_interval=_env_float(env, "VTC_LOG_INTERVAL", 10.0),
+        )
+
+
+@dataclass(eq=False)
+class _Entry:
+    """What the integration knows about one vLLM request."""
+
+    rid: int  # the core's id for it
+    request: Request
+    tenant: str
+    prompt_len: int  # clamped to [1, M]
+    where: str = _WAITING
+    paid: bool = False  # its prefill has been charged
+    owed: int = 0  # tokens produced while the core had it waiting (async stale output)
+    aside_seq: int = 0
+
+
+def _admitted(request: Request) -> bool:
+    """Whether vLLM admitted a request it just popped (vs. skipped it).
+
+    vLLM makes an admitted request RUNNING right after the pop; a request it
+    starts loading KV for (``WAITING_FOR_REMOTE_KVS``) holds blocks and is
+    admitted too, though it waits in another queue until the load ends.
+    """
+    return (
+        request.status == RequestStatus.RUNNING
+        or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        or request.num_computed_tokens > 0
+    )
+
+
+class VTCRequestQueue(RequestQueue):
+    """vLLM's waiting queue, ordered by a ``vtc.Scheduler`` in engine mode.
+
+    ``peek_request()`` is the core's ``peek()``. ``pop_request()`` is provisional
+    (the core is not touched) and is settled at the next operation on the queue,
+    or by :meth:`settle` at the end of ``schedule()``:
+
+    * admitted (vLLM made it RUNNING): ``pop(cached_len=...)``, charging the
+      prompt tokens vLLM computes (its prefix-cache hit is free); once only.
+    * skipped (vLLM will put it back): ``cancel`` in the core, charging nothing,
+      so the next ``peek`` moves on. When vLLM puts it back
+      (``prepend_requests``) it is submitted again, in the order it was popped,
+      marked free of prefill charge if it had paid before. A re-submitted
+      request goes behind its tenant's other waiting requests, and a tenant
+      whose every waiting request was skipped is lifted to the floor like any
+      returning tenant: a blocked tenant banks no credit.
+
+    ``prepend_request`` of a running request (vLLM's preemption) is the core's
+    ``preempt``. ``remove_request(s)`` (aborts, stops) forget the request.
+    Iteration yields waiting requests in arrival order, not admission order.
+    """
+
+    def __init__(self, core: vtc.Scheduler, tenant_of: Callable[[Request], str]) -> None:
+        self.core = core
+        self._tenant_of = tenant_of
+        self._entries: dict[str, _Entry] = {}  # vLLM request id -> entry
+        self._by_rid: dict[int, _Entry] = {}  # core id -> entry
+        self._pending: _Entry | None = None
+        self._aside: dict[str, _Entry] = {}
+        self._next_rid = 0
+        self._aside_seq = 0
+
+    # -- bookkeeping -------------------------------------------------------
+    def _register(self, request: Request) -> _Entry:
+        self._next_rid += 1
+        prompt_len = min(max(int(request.num_prompt_tokens), 1), self.core.M)
+        entry = _Entry(self._next_rid, request, self._tenant_of(request), prompt_len)
+        self._entries[request.request_id] = entry
+        self._by_rid[entry.rid] = entry
+        return entry
+
+    def _submit(self, entry: _Entry) -> None:
+        # A request that paid already is submitted wholly cached: never charged again.
+        cached = entry.prompt_len if entry.paid else None
+        self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=cached)
+        entry.where = _WAITING
+
+    def entry(self, request_id: str) -> _Entry | None:
+        """The integration's record of a vLLM request (None if it has none)."""
+        return self._entries.get(request_id)
+
+    def core_id(self, request_id: str) -> int | None:
+        """The core's integer id of a vLLM request id (None if untracked)."""
+        entry = self._entries.get(request_id)
+        return None if entry is None else entry.rid
+
+    def __contains__(self, request: object) -> bool:
+        if not isinstance(request, Request):
+            return False
+        entry = self._entries.get(request.request_id)
+        return entry is not None and entry.where == _WAITING
+
+    # -- settling provisional pops ----------------------------------------
+    def settle(self, num_scheduled_tokens: Mapping[str, int] | None = None) -> None:
+        """Decide the last provisional pop: admitted (charge) or skipped (set aside).
+
+        ``num_scheduled_tokens`` is the step's schedule, passed at the end of
+        ``schedule()``, when vLLM has already advanced ``num_computed_tokens`` by
+        it; the prefix-cache hit is what was computed before that.
+        """
+        entry = self._pending
+        if entry is None:
+            return
+        self._pending = None
+        request = entry.request
+        if not _admitted(request):
+            self.core.cancel(entry.rid)
+            entry.where = _ASIDE
+            self._aside_seq += 1
+            entry.aside_seq = self._aside_seq
+            self._aside[request.request_id] = entry
+            return
+        computed = request.num_computed_tokens
+        if num_scheduled_tokens is not None and request.status == RequestStatus.RUNNING:
+            computed -= num_scheduled_tokens.get(request.request_id, 0)
+        cached = entry.prompt_len if entry.paid else min(max(computed, 0), entry.prompt_len)
+        rid = self.core.pop(cached_len=cached)
+        if rid != entry.rid:  # pragma: no cover - would be a bug in this module
+            raise RuntimeError(f"VTC core admitted {rid}, vLLM admitted {entry.rid}")
+        entry.where = _RUNNING
+        entry.paid = True
+        if entry.owed:
+            owed, entry.owed = entry.owed, 0
+            self.core.decode([entry.rid], [owed])
+
+    # -- RequestQueue ------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """A request arrives (or a paused session returns): submit it to the core."""
+        self.settle()
+        entry = self._entries.get(request.request_id)
+        if entry is None:
+            self._submit(self._register(request))
+        else:
+            self._put_back([entry])
+
+    def peek_request(self) -> Request:
+        """The request the VTC policy admits next (IndexError if none waits)."""
+        self.settle()
+        rid = self.core.peek()
+        if rid is None:
+            raise IndexError("peek from an empty VTC queue")
+        return self._by_rid[rid].request
+
+    def pop_request(self) -> Request:
+        """Take the request ``peek_request()`` names; settled at the next call."""
+        self.settle()
+        rid = self.core.peek()
+        if rid is None:
+            raise IndexError("pop from an empty VTC queue")
+        entry = self._by_rid[rid]
+        entry.where = _PENDING
+        self._pending = entry
+        return entry.request
+
+    def _put_back(self, entries: list[_Entry]) -> None:
+        aside = sorted((e for e in entries if e.where == _ASIDE), key=lambda e: e.aside_seq)
+        for entry in aside:
+            del self._aside[entry.request.request_id]
+            self._submit(entry)
+        # Preempt the latest first, so that the earliest ends up at the head.
+        for entry in reversed([e for e in entries if e.where == _RUNNING]):
+            self.core.preempt(entry.rid)
+            entry.where = _WAITING
+
+    def prepend_request(self, request: Request) -> None:
+        """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""
+        self.prepend_requests((request,))
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        """Put back requests popped this step: skipped ones re-enter, running ones
+        are preempted; none is charged."""
+        self.settle()
+        entries = []
+        for request in requests:
+            entry = self._entries.get(request.request_id)
+            if entry is None:
+                self._submit(self._register(request))
+            else:
+                entries.append(entry)
+        self._put_back(entries)
+
+    def remove_request(self, request: Request) -> None:
+        """The request is finished or aborted: forget it."""
+        self.remove_requests((request,))
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        """The requests are finished or aborted: forget them."""
+        self.settle()
+        for request in requests:
+            self.forget(request.request_id)
+
+    def forget(self, request_id: str, finished: bool = False) -> None:
+        """Drop every trace of a request (no-op if untracked): ``finish`` in the core
+        if it ran to completion, ``cancel`` otherwise."""
+        entry = self._entries.pop(request_id, None)
+        if entry is None:
+            return
+        del self._by_rid[entry.rid]
+        if self._pending is entry:
+            self._pending = None
+        if entry.where == _ASIDE:
+            del self._aside[request_id]
+        elif entry.where == _RUNNING and finished:
+            self.core.finish(entry.rid)
+        else:  # waiting, pending (still waiting in the core) or running and aborted
+            self.core.cancel(entry.rid)
+
+    def charge(self, produced: Mapping[str, int]) -> None:
+        """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
+        per_rid: dict[int, int] = {}
+        for request_id, n in produced.items():
+            entry = self._entries.get(request_id)
+            if entry is not None and n > 0:
+                self._add_tokens(per_rid, entry, n)
+        self._decode(per_rid)
+
+    @staticmethod
+    def _add_tokens(per_rid: dict[int, int], entry: _Entry, n: int) -> None:
+        if entry.where == _RUNNING:
+            per_rid[entry.rid] = per_rid.get(entry.rid, 0) + n
+        else:  # preempted with output still in flight: charged on re-admission
+            entry.owed += n
+
+    def _decode(self, per_rid: dict[int, int]) -> None:
+        if per_rid:
+            n = len(per_rid)
+            self.core.decode(
+                np.fromiter(per_rid.keys(), dtype=np.uint64, count=n),
+                np.fromiter(per_rid.values(), dtype=np.uint64, count=n),
+            )
+
+    def record_outputs(self, outputs: Iterable[Any]) -> None:
+        """One step's ``EngineCoreOutputs``: charge the tokens each request really
+        produced (one core call), then forget the requests that finished."""
+        entries = self._entries
+        rids: list[int] = []
+        counts: list[int] = []
+        one_each = True  # the common step: one token per request, no repeats
+        stopped: list[_Entry] = []
+        for engine_outputs in outputs:
+            for out in engine_outputs.outputs:
+                entry = entries.get(out.request_id)
+                if entry is None:
+                    continue
+                n = len(out.new_token_ids)
+                if n:
+                    if entry.where == _RUNNING:
+                        rids.append(entry.rid)
+                        counts.append(n)
+                        one_each = one_each and n == 1
+                    else:  # preempted with output still in flight: charged on re-admission
+                        entry.owed += n
+                if out.finish_reason is not None:
+                    stopped.append(entry)
+        if rids:
+            if one_each and len(set(rids)) == len(rids):
+                self.core.decode(np.asarray(rids, dtype=np.uint64), 1)
+            else:
+                per_rid: dict[int, int] = {}
+                for rid, n in zip(rids, counts):
+                    per_rid[rid] = per_rid.get(rid, 0) + n
+                self._decode(per_rid)
+        for entry in stopped:
+            # A resumable (streaming-input) request stops a turn without finishing.
+            if entry.request.is_finished():
+                self.forget(entry.request.request_id, finished=True)
+
+    def requests_by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
+        """How many requests each tenant has waiting and admitted (for logs; O(requests))."""
+        waiting: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for entry in self._entries.values():
+            counts = running if entry.where == _RUNNING else waiting
+            counts[entry.tenant] = counts.get(entry.tenant, 0) + 1
+        return waiting, running
+
+    @property
+    def num_aside(self) -> int:
+        """Requests popped and skipped by vLLM that it has not put back yet."""
+        return len(self._aside)
+
+    def tracked(self) -> int:
+        """Requests the integration holds state for (0 once all are finished)."""
+        return len(self._entries)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __len__(self) -> int:
+        self.settle()
+        return self.core.num_waiting
+
+    def __iter__(self) -> Iterator[Request]:
+        self.settle()
+        return iter([e.request for e in self._entries.values() if e.where == _WAITING])
+
+
+class TenantTrace:
+    """What each tenant got, as JSON lines appended to a file.
+
+    Enabled by ``VTC_TRACE_FILE`` (every ``VTC_TRACE_INTERVAL`` seconds, default
+    0.1, while the engine steps): ``{"t": <monotonic seconds>, "tokens": {tenant:
+    generated tokens so far}, "queued": {tenant: requests waiting or running}}``.
+    Written by :class:`VTCScheduler` and by :class:`TenantTracingScheduler`
+    (vLLM's stock policy), so the two can be compared on the same workload.
+    """
+
+    def __init__(self, path: str, interval: float = 0.1) -> None:
+        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        self.interval = interval
+        self.tokens: dict[str, int] = {}
+        self._last = 0.0
+
+    @classmethod
+    def from_env(cls) -> TenantTrace | None:
+        """The trace ``VTC_TRACE_FILE`` asks for, or None."""
+        path = os.environ.get("VTC_TRACE_FILE", "").strip()
+        if not path:
+            return None
+        return cls(path, _env_float(os.environ, "VTC_TRACE_INTERVAL", 0.1))
+
+    def add(self, tenant: str, tokens: int) -> None:
+        """``tenant`` got ``tokens`` more generated tokens."""
+        self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
+
+    def maybe_write(self, queued: Callable[[], Mapping[str, int]]) -> None:
+        """Append a record if ``interval`` has passed since the last one."""
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            record = {"t": now, "tokens": self.tokens, "queued": dict(queued())}
+            self._file.write(json.dumps(record) + "\n")
+
+
+def _count_tenants(requests: Iterable[Request], tenant_of: Mapping[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in requests:
+        tenant = tenant_of.get(request.request_id)
+        if tenant is not None:
+            counts[tenant] = counts.get(tenant, 0) + 1
+    return counts
+
+
+class _VTCMixin:
+    """The VTC parts of :class:`VTCScheduler` and :class:`AsyncVTCScheduler`."""
+
+    waiting: VTCRequestQueue
+    vtc: vtc.Scheduler
+    vtc_config: VTCConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = VTCConfig.from_env()
+        capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
+        self.vtc_config = config
+        self.vtc = vtc.Scheduler(M=capacity, wp=config.wp, wq=config.wq, policy="vtc")
+        for tenant, weight in config.weights.items():
+            self.vtc.set_weight(tenant, weight)
+        self._vtc_tenants: set[str] = set(config.weights)
+        self._vtc_warned_full = False
+        self._vtc_warned_aside = False
+        self._vtc_last_log = time.monotonic()
+        self._vtc_trace = TenantTrace.from_env()
+        if self.policy != SchedulingPolicy.FCFS:
+            logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
+        if len(self.waiting):
+            raise RuntimeError("VTC must replace the waiting queue before any request arrives")
+        self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant)
+        logger.info(
+            "VTC fair scheduling: M=%d tokens, wp=%g, wq=%g, tenant key %r, weights %s",
+            capacity,
+            config.wp,
+            config.wq,
+            config.tenant_key,
+            config.weights or "all 1",
+        )
+
+    def _vtc_tenant(self, request: Request) -> str:
+        config = self.vtc_config
+        tenant = resolve_tenant(request, config.tenant_key)
+        if tenant is None:
+            return config.default_tenant
+        if tenant not in self._vtc_tenants:
+            if len(self._vtc_tenants) >= config.max_tenants:
+                if not self._vtc_warned_full:
+                    self._vtc_warned_full = True
+                    logger.warning(
+                        "VTC: %d tenants seen (VTC_MAX_TENANTS); new ones share tenant %r",
+                        config.max_tenants,
+                        config.default_tenant,
+                    )
+                return config.default_tenant
+            self._vtc_tenants.add(tenant)
+        return tenant
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's step, then settle the step's last provisional pop."""
+        output = super().schedule(*args, **kwargs)
+        queue = self.waiting
+        queue.settle(output.num_scheduled_tokens)
+        if queue.num_aside and not self._vtc_warned_aside:
+            # vLLM 0.32 puts every request it skips back before schedule() returns.
+            self._vtc_warned_aside = True
+            logger.warning(
+                "VTC: %d skipped request(s) not put back in the waiting queue", queue.num_aside
+            )
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        """vLLM's update, then charge the tokens produced and release finished requests."""
+        self.waiting.settle()
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        queue = self.waiting
+        trace = self._vtc_trace
+        if trace is not None:
+            for engine_outputs in outputs.values():
+                for out in engine_outputs.outputs:
+                    entry = queue.entry(out.request_id)
+                    if entry is not None and out.new_token_ids:
+                        trace.add(entry.tenant, len(out.new_token_ids))
+        queue.record_outputs(outputs.values())
+        if trace is not None:
+            trace.maybe_write(self._vtc_queued)
+        return outputs
+
+    def _vtc_queued(self) -> dict[str, int]:
+        waiting, running = self.waiting.requests_by_tenant()
+        for tenant, n in running.items():
+            waiting[tenant] = waiting.get(tenant, 0) + n
+        return waiting
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        """vLLM's abort/error path; the finished requests leave the core too."""
+        self.waiting.settle()
+        finished = super().finish_requests(request_ids, finished_status)
+        for request in finished:
+            self.waiting.forget(request.request_id)
+        return finished
+
+    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's stats; every ``VTC_LOG_INTERVAL`` s also logs the tenant counters."""
+        stats = super().make_stats(*args, **kwargs)
+        interval = self.vtc_config.log_interval
+        now = time.monotonic()
+        if stats is not None and interval > 0 and now - self._vtc_last_log >= interval:
+            self._vtc_last_log = now
+            counters, services = self.tenant_counters(), self.tenant_services()
+            if counters:
+                waiting, running = self.waiting.requests_by_tenant()
+                logger.info(
+                    "VTC tenant counter (service) waiting/running: %s",
+                    ", ".join(
+                        f"{t}={c:.0f} ({services.get(t, 0.0):.0f}) "
+                        f"{waiting.get(t, 0)}/{running.get(t, 0)}"
+                        for t, c in sorted(counters.items())
+                    ),
+                )
+        return stats
+
+    def tenant_counters(self) -> dict[str, float]:
+        """Each tenant's virtual counter (weighted service plus lifts)."""
+        return {str(k): v for k, v in self.vtc.counters().items()}
+
+    def tenant_services(self) -> dict[str, float]:
+        """Each tenant's weighted service actually delivered (no lifts)."""
+        return {str(k): v for k, v in self.vtc.services().items()}
+
+
+class VTCScheduler(_VTCMixin, Scheduler):
+    """vLLM's V1 ``Scheduler`` with VTC fair admission across tenants."""
+
+
+class AsyncVTCScheduler(_VTCMixin, AsyncScheduler):
+    """vLLM's V1 ``AsyncScheduler`` (``--async-scheduling``) with VTC fair admission."""
+
+
+class TenantTracingScheduler(Scheduler):
+    """vLLM's stock ``Scheduler``, decisions unchanged, writing the per-tenant
+    :class:`TenantTrace` (``VTC_TRACE_FILE``): measure what each tenant gets
+    before switching to VTC. Tenants are named as for :class:`VTCScheduler`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace_config = VTCConfig.from_env()
+        self._trace = TenantTrace.from_env()
+        self._tenant_of: dict[str, str] = {}
+
+    def add_request(self, request: Request) -> None:
+        """Remember the request's tenant, then vLLM's ``add_request``."""
+        tenant = resolve_tenant(request, self._trace_config.tenant_key)
+        self._tenant_of[request.request_id] = tenant or self._trace_config.default_tenant
+        super().add_request(request)
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        """vLLM's update; the tokens produced are added to the trace."""
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                tenant = self._tenant_of.get(out.request_id)
+                if tenant is not None and out.new_token_ids and self._trace is not None:
+                    self._trace.add(tenant, len(out.new_token_ids))
+                if out.finish_reason is not None and out.request_id not in self.requests:
+                    self._tenant_of.pop(out.request_id, None)
+        if self._trace is not None:
+            self._trace.maybe_write(self._queued)
+        return outputs
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        """vLLM's abort/error path; the requests leave the trace's bookkeeping."""
+        finished = super().finish_requests(request_ids, finished_status)
+        for request in finished:
+            self._tenant_of.pop(request.request_id, None)
+        return finished
+
+    def _queued(self) -> dict[str, int]:
+        queues = (self.waiting, self.kv_holding_waiting, self.running)
+        return _count_tenants((r for q in queues for r in q), self._tenant_of)

@@ -1,0 +1,38 @@
+"""Fixtures for the vLLM integration tests (run by ``make test-vllm`` in .venv-vllm).
+
+The main test run ignores this directory: vLLM is not installed in .venv.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from vllm_harness import write_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A folder with the tiny Llama's ``config.json`` (what the scheduler reads)."""
+    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-config"), weights=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with random weights, generated here (never downloaded)."""
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), weights=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_vtc_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts without VTC_* configuration from the caller's shell."""
+    for name in list(os.environ):
+        if name.startswith("VTC_"):
+            monkeypatch.delenv(name)
+    yield

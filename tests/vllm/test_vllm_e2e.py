@@ -1,0 +1,305 @@
+"""End to end: a real ``vllm serve`` OpenAI server on 127.0.0.1, with and without VTC.
+
+The same workload runs against the stock scheduler and against
+``--scheduler-cls vtc.vllm.VTCScheduler``, on a tiny randomly initialised Llama
+generated at test time. Both tenants name themselves through ``vllm_xargs``:
+
+* ``bursty`` sends a few requests first, then goes quiet;
+* ``steady`` queues STEADY_REQUESTS requests at once, far more than the
+  engine's MAX_NUM_SEQS batch slots, and stays backlogged to the end;
+* once ``steady`` has had QUIET_STEADY_REQUESTS served alone, ``bursty``
+  returns with BURST_REQUESTS requests at once (one HTTP request holding all
+  its prompts, so they reach the engine together).
+
+The share of generated tokens is measured in the engine, from the per-tenant
+trace the scheduler writes (``VTC_TRACE_FILE``): from the moment the burst
+reaches the engine until it is all done. VTC lifts ``bursty`` to ``steady``'s
+counter on arrival and then alternates between them: about half. The stock
+policy (``vtc.vllm.TenantTracingScheduler``: vLLM's ``Scheduler`` unchanged,
+plus the trace) serves ``steady``'s whole earlier backlog first:
+``BURST / (BURST + backlog)``, under a quarter here. The same share seen by the
+client (completions between sending the burst and receiving it back) is
+reported too; on this 2-core machine the HTTP side can stall for seconds when
+the machine is busy, which blurs it. Throughput is the engine's tokens per
+second over the window (reported, not asserted: it is wall-clock).
+
+Every request is bounded (count and timeout), the run has a deadline, the
+requests still queued at the end are cancelled (vLLM aborts them), and each
+server is stopped with its whole process group however the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+HERE = Path(__file__).resolve().parent
+MAX_NUM_SEQS = 4
+MAX_TOKENS = 64
+PROMPT_LEN = 32
+EARLY_REQUESTS = 4  # bursty's requests before it goes quiet
+STEADY_REQUESTS = 400  # steady's backlog, queued at once
+QUIET_STEADY_REQUESTS = 32  # steady completions while bursty is quiet
+BURST_REQUESTS = 64
+REQUEST_TIMEOUT = 180.0  # seconds, per HTTP request
+RUN_DEADLINE = 240.0  # seconds, for one workload run
+STARTUP_TIMEOUT = 300.0  # seconds, for a server to answer /health
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback)
+        return response.read()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the API server (it shuts its engine down), then SIGKILL whatever is
+    left of its process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10.0)
+
+
+@contextmanager
+def vllm_server(model: Path, log_path: Path, scheduler_cls: str, trace: Path) -> Iterator[str]:
+    """``vllm serve MODEL`` on a free loopback port; yields its base URL."""
+    port = _free_port()
+    cmd = [
+        sys.executable,
+        str(HERE / "vllm_serve.py"),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--skip-tokenizer-init",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--seed",
+        "0",
+    ]
+    cmd += ["--scheduler-cls", scheduler_cls]
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.update(VTC_LOG_INTERVAL="2", VTC_TRACE_FILE=str(trace))
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
+            try:
+                _get(url + "/health", timeout=2.0)
+                break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm serve not healthy in time; see {log_path}") from None
+                time.sleep(1.0)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@dataclass
+class Done:
+    tenant: str
+    finished: float
+    tokens: int
+    requests: int = 1
+
+
+@dataclass
+class Workload:
+    """One run of the two-tenant workload against one server."""
+
+    url: str
+    model: str
+    done: list[Done] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    async def request(
+        self, session: aiohttp.ClientSession, tenant: str, seed: int, prompts: int = 1
+    ) -> None:
+        """One completion request; ``prompts > 1`` sends that many prompts in one
+        request (vLLM queues them all at once) and counts them as that many done."""
+        rng = random.Random(seed)
+        batch = [[rng.randrange(3, 500) for _ in range(PROMPT_LEN)] for _ in range(prompts)]
+        body = {
+            "model": self.model,
+            "prompt": batch if prompts > 1 else batch[0],
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "vllm_xargs": {"tenant": tenant},
+        }
+        try:
+            async with session.post(self.url + "/v1/completions", json=body) as response:
+                text = await response.text()
+                if response.status != 200:
+                    self.errors.append(f"{tenant}: HTTP {response.status}: {text[:200]}")
+                    return
+                tokens = json.loads(text)["usage"]["completion_tokens"]
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as e:
+            self.errors.append(f"{tenant}: {e!r}")
+            return
+        self.done.append(Done(tenant, time.monotonic(), tokens, prompts))
+
+    def count(self, tenant: str) -> int:
+        return sum(d.requests for d in self.done if d.tenant == tenant)
+
+    async def wait_for(self, predicate: Any, deadline: float) -> None:
+        while not predicate():
+            if time.monotonic() > deadline or self.errors:
+                raise AssertionError(f"workload stuck: {len(self.done)} done, {self.errors[:3]}")
+            await asyncio.sleep(0.02)
+
+    async def run(self) -> dict[str, Any]:
+        """Drive the workload; returns the measurements."""
+        deadline = time.monotonic() + RUN_DEADLINE
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+        # A fresh connection per request: no reuse of one the server closed while idle.
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            # bursty's few requests are served before steady floods the server.
+            await self.request(session, "bursty", -1, EARLY_REQUESTS)
+            steady = [
+                asyncio.create_task(self.request(session, "steady", i))
+                for i in range(STEADY_REQUESTS)
+            ]
+            await self.wait_for(lambda: self.count("steady") >= QUIET_STEADY_REQUESTS, deadline)
+            t_return = time.monotonic()
+            # The burst: one HTTP request with all its prompts, so that they reach the
+            # engine together however busy this machine's HTTP side is.
+            burst = asyncio.create_task(self.request(session, "bursty", 1, BURST_REQUESTS))
+            await self.wait_for(burst.done, deadline)
+            t_end = time.monotonic()
+            steady_left = sum(not t.done() for t in steady)
+            for task in steady:  # still queued: the client goes away, vLLM aborts them
+                task.cancel()
+            await asyncio.gather(*steady, return_exceptions=True)
+            # The server keeps serving after the mass abort.
+            await self.request(session, "probe", 7)
+        window = [d for d in self.done if t_return < d.finished <= t_end]
+        tokens = {t: sum(d.tokens for d in window if d.tenant == t) for t in ("steady", "bursty")}
+        return {
+            "client_bursty_share": tokens["bursty"] / max(1, sum(tokens.values())),
+            "client_window_tokens": tokens,
+            "client_window_seconds": t_end - t_return,
+            "bursty_done": sum(d.requests for d in window if d.tenant == "bursty"),
+            "steady_left": steady_left,
+            "errors": list(self.errors),
+        }
+
+
+def engine_share(trace: Path) -> dict[str, Any]:
+    """From the scheduler's per-tenant trace (``VTC_TRACE_FILE``): the tokens each
+    tenant got from the last record before the burst reached the engine to the
+    first record where it was all done, and the engine's tokens per second."""
+    records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+
+    def queued(record: dict, tenant: str) -> int:
+        return record["queued"].get(tenant, 0)
+
+    arrived = next(i for i, r in enumerate(records) if queued(r, "bursty") >= BURST_REQUESTS // 2)
+    start = records[arrived - 1]
+    end = next((r for r in records[arrived:] if queued(r, "bursty") == 0), records[-1])
+    tokens = {t: end["tokens"].get(t, 0) - start["tokens"].get(t, 0) for t in ("steady", "bursty")}
+    seconds = end["t"] - start["t"]
+    return {
+        "bursty_share": tokens["bursty"] / sum(tokens.values()),
+        "window_tokens": tokens,
+        "window_seconds": seconds,
+        "tokens_per_second": sum(tokens.values()) / seconds,
+        "steady_queued_at_start": queued(records[arrived], "steady"),
+        "steady_queued_at_end": queued(end, "steady"),
+    }
+
+
+def _run(model: Path, name: str, scheduler_cls: str, tmp_path: Path) -> dict[str, Any]:
+    log, trace = tmp_path / f"{name}.log", tmp_path / f"{name}.trace"
+    with vllm_server(model, log, scheduler_cls, trace) as url:
+        served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
+        result = asyncio.run(Workload(url, served).run())
+    result.update(engine_share(trace), log=str(log))
+    return result
+
+
+def test_returning_tenant_gets_half_with_vtc_not_with_stock(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # vLLM's stock policy, observed: TenantTracingScheduler only writes the trace.
+    stock = _run(tiny_llama, "stock", "vtc.vllm.TenantTracingScheduler", tmp_path)
+    fair = _run(tiny_llama, "vtc", "vtc.vllm.VTCScheduler", tmp_path)
+    report = {"stock": stock, "vtc": fair}
+    with capsys.disabled():
+        print("\nvLLM e2e: bursty's share of the tokens generated from its return to its end")
+        for name, r in report.items():
+            print(
+                f"  {name:5s} engine {r['bursty_share']:.3f} of {r['window_tokens']} "
+                f"in {r['window_seconds']:.1f}s ({r['tokens_per_second']:.0f} tokens/s); "
+                f"client {r['client_bursty_share']:.3f}"
+            )
+        ratio = fair["tokens_per_second"] / stock["tokens_per_second"]
+        print(f"  throughput vtc/stock = {ratio:.3f}")
+    out = os.environ.get("VTC_E2E_REPORT")
+    if out:
+        Path(out).write_text(json.dumps(report, indent=2))
+    for r in (stock, fair):
+        assert r["errors"] == [], r["errors"]
+        assert r["bursty_done"] == BURST_REQUESTS  # the whole burst finished in the window
+        # The trace window holds exactly the burst's tokens ...
+        assert r["window_tokens"]["bursty"] == BURST_REQUESTS * MAX_TOKENS
+        # ... and the burst met a steady backlog larger than itself.
+        assert r["steady_queued_at_start"] > BURST_REQUESTS, r
+    vtc_log = Path(fair["log"]).read_text(errors="replace")
+    assert "VTC fair scheduling" in vtc_log
+    assert "VTC tenant counter" in vtc_log and "bursty=" in vtc_log
+    serving = vtc_log.split("[shutdown]", 1)[0]
+    assert not [line for line in serving.splitlines() if " ERROR " in line]
+    assert "VTC fair scheduling" not in Path(stock["log"]).read_text(errors="replace")
+    # VTC: the returning tenant is lifted to the floor, then shares evenly ...
+    assert 0.42 <= fair["bursty_share"] <= 0.58, report
+    assert fair["steady_queued_at_end"] > 0  # ... while steady still had a backlog.
+    # Stock FCFS: it waits behind steady's whole backlog.
+    assert stock["bursty_share"] <= 0.30, report
+    assert fair["bursty_share"] - stock["bursty_share"] >= 0.15, report

@@ -1,0 +1,481 @@
+"""vtc.vllm against vLLM's real V1 Scheduler on CPU (no model is run).
+
+Each test builds vLLM's scheduler as vLLM's own CPU tests do and plays the
+model runner (``vllm_harness.step``). Expected charges are written out from
+the rules: a request costs ``wp * (prompt - prefix-cache hit)`` once, when vLLM
+admits it, plus ``wq`` per token it really produced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+from vllm_harness import (
+    BLOCK_SIZE,
+    admitted,
+    make_request,
+    make_scheduler,
+    model_output,
+    run_until_idle,
+    step,
+    vllm_config,
+)
+
+import vtc
+from vtc import reference
+from vtc.vllm import (
+    AsyncVTCScheduler,
+    TenantTracingScheduler,
+    VTCConfig,
+    VTCRequestQueue,
+    VTCScheduler,
+    parse_weights,
+    resolve_tenant,
+)
+
+WP, WQ = 1.0, 2.0
+
+
+def assert_empty(s: VTCScheduler) -> None:
+    """Nothing is left once every request finished or was aborted."""
+    assert s.get_num_unfinished_requests() == 0 and not s.requests
+    assert s.waiting.tracked() == 0
+    assert s.vtc.num_waiting == 0
+    assert s.vtc.num_running == 0
+    assert s.vtc.occupancy == 0
+    s.vtc._check_invariants()
+
+
+def core_ids_consistent(s: VTCScheduler) -> None:
+    """Every request vLLM runs is running in the core; every waiting one waits there."""
+    s.vtc._check_invariants()
+    assert s.waiting.num_aside == 0  # every request vLLM skipped was put back
+    for request in s.running:
+        assert s.vtc.status(s.waiting.core_id(request.request_id)) == "running"
+    waiting = list(s.waiting)
+    assert len(waiting) == len(s.waiting) == s.vtc.num_waiting
+    for request in waiting:
+        assert s.vtc.status(s.waiting.core_id(request.request_id)) == "waiting"
+
+
+def test_replaces_waiting_queue_and_uses_kv_capacity(model_dir: str) -> None:
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir), num_blocks=123)
+    assert isinstance(s, Scheduler)
+    assert isinstance(s.waiting, VTCRequestQueue)
+    assert s.vtc.M == 123 * BLOCK_SIZE
+    assert s.vtc.policy == "vtc"
+    assert (s.vtc.wp, s.vtc.wq) == (WP, WQ)
+    with pytest.raises(IndexError):
+        s.waiting.peek_request()
+    assert not s.waiting and len(s.waiting) == 0
+    a = make_scheduler(AsyncVTCScheduler, vllm_config(model_dir, async_scheduling=True))
+    assert isinstance(a, AsyncScheduler) and isinstance(a.waiting, VTCRequestQueue)
+
+
+def _reference_order(plan: list[tuple[str, int, int]], weights: dict | None = None) -> list[str]:
+    """The admission order vtc.reference gives when each request runs alone to the end."""
+    ref = reference.Scheduler(M=10**6, wp=WP, wq=WQ)
+    for tenant, weight in (weights or {}).items():
+        ref.set_weight(tenant, weight)
+    for i, (tenant, prompt, _) in enumerate(plan):
+        ref.submit(i, tenant, prompt)
+    order = []
+    while (rid := ref.pop()) is not None:
+        ref.decode([rid], [plan[rid][2]])
+        ref.finish(rid)
+        order.append(plan[rid][0])
+    return order
+
+
+def test_tenants_drain_in_vtc_order(model_dir: str) -> None:
+    # One request at a time, so vLLM's admission order is the policy's order.
+    config = vllm_config(model_dir, max_num_seqs=1)
+    plan = [("a", 40, 8)] * 4 + [("b", 20, 8)] * 3 + [("c", 60, 4)] * 3
+
+    def drain(cls: type) -> tuple[list[str], object]:
+        s = make_scheduler(cls, config)
+        tenant_of = {}
+        for tenant, prompt, max_tokens in plan:
+            request = make_request(tenant, prompt, max_tokens)
+            tenant_of[request.request_id] = tenant
+            s.add_request(request)
+        return [tenant_of[r] for r in run_until_idle(s)], s
+
+    vtc_order, s = drain(VTCScheduler)
+    fcfs_order, _ = drain(Scheduler)
+    assert fcfs_order == [t for t, _, _ in plan]
+    assert vtc_order == _reference_order(plan)
+    assert vtc_order[:3] == ["a", "b", "c"]  # equal counters: oldest head first
+    assert vtc_order != fcfs_order
+    # Each tenant paid its prompts once and each generated token.
+    expected: dict[str, float] = {}
+    for tenant, prompt, max_tokens in plan:
+        expected[tenant] = expected.get(tenant, 0.0) + WP * prompt + WQ * max_tokens
+    assert s.tenant_services() == expected
+    assert s.tenant_counters() == expected  # all backlogged from the start: no lift
+    assert_empty(s)
+
+
+def test_batch_of_several_tenants_is_consistent_each_step(model_dir: str) -> None:
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=3))
+    requests = [make_request(t, 24 + 8 * i, 5 + i) for i, t in enumerate("aabbbcca" * 2)]
+    for r in requests:
+        s.add_request(r)
+    for _ in range(200):
+        if not s.has_requests():
+            break
+        step(s)
+        core_ids_consistent(s)
+    assert_empty(s)
+    expected: dict[str, float] = {}
+    for r in requests:
+        tenant = r.sampling_params.extra_args["tenant"]
+        expected[tenant] = (
+            expected.get(tenant, 0.0) + WP * r.num_prompt_tokens + WQ * (r.max_tokens)
+        )
+        assert r.num_output_tokens == r.max_tokens
+    assert s.tenant_services() == pytest.approx(expected)
+
+
+def test_returning_tenant_is_lifted_to_the_floor(model_dir: str) -> None:
+    config = vllm_config(model_dir, max_num_seqs=1)
+    s = make_scheduler(VTCScheduler, config)
+    for _ in range(8):
+        s.add_request(make_request("steady", 32, 8))
+    # "late" was served long ago, then went quiet.
+    s.add_request(make_request("late", 32, 8))
+    order = []
+    for _ in range(40):
+        output, _ = step(s)
+        order += admitted(output)
+    assert s.tenant_services()["late"] == WP * 32 + WQ * 8
+    steady_before = s.vtc.counter("steady")
+    assert steady_before > 3 * s.vtc.counter("late")  # idle credit, not to be banked
+    burst = [make_request("late", 32, 8) for _ in range(4)]
+    for r in burst:
+        s.add_request(r)
+    # Lifted on arrival to the least counter among backlogged tenants: steady's.
+    assert s.vtc.counter("late") == steady_before
+    late_ids = {r.request_id for r in burst}
+    order = run_until_idle(s)
+    tags = ["L" if r in late_ids else "S" for r in order]
+    # Without the lift, the four "late" requests would all go first (least counter first);
+    # lifted, they alternate with "steady" from the floor.
+    assert tags[:4] != ["L"] * 4
+    assert tags[:6].count("L") == 3
+    assert_empty(s)
+
+
+def test_preemption_does_not_charge_twice(model_dir: str) -> None:
+    # 12 blocks of 16 tokens: three requests growing to 96 tokens (6 blocks) cannot all fit.
+    config = vllm_config(model_dir, max_num_seqs=3)
+    s = make_scheduler(VTCScheduler, config, num_blocks=12)
+    requests = [make_request(t, 48, 48) for t in ("a", "b", "c")]
+    for r in requests:
+        s.add_request(r)
+    preempted_steps = 0
+    for _ in range(500):
+        if not s.has_requests():
+            break
+        output, _ = step(s)
+        preempted_steps += bool(output.preempted_req_ids)
+        core_ids_consistent(s)
+    assert preempted_steps > 0
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert_empty(s)
+    assert s.tenant_services() == {t: WP * 48 + WQ * 48 for t in "abc"}
+
+
+def test_abort_leaves_no_state_and_charges_nothing_unserved(model_dir: str) -> None:
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=2))
+    running = [make_request("a", 32, 50), make_request("b", 32, 50)]
+    waiting = [make_request("c", 32, 50), make_request("a", 32, 50)]
+    for r in running + waiting:
+        s.add_request(r)
+    for _ in range(3):
+        step(s)
+    assert {r.request_id for r in s.running} == {r.request_id for r in running}
+    assert len(s.waiting) == 2
+    aborted = s.finish_requests(
+        [running[0].request_id, waiting[0].request_id], RequestStatus.FINISHED_ABORTED
+    )
+    assert len(aborted) == 2
+    assert s.waiting.entry(running[0].request_id) is None
+    assert s.waiting.entry(waiting[0].request_id) is None
+    core_ids_consistent(s)
+    assert s.tenant_services()["c"] == 0.0  # aborted before admission: never charged
+    assert s.tenant_services()["a"] == WP * 32 + WQ * 3  # prompt + the 3 tokens it got
+    # An unknown or already-finished id is ignored, as by vLLM.
+    assert s.finish_requests([running[0].request_id, "nope"], RequestStatus.FINISHED_ABORTED) == []
+    s.finish_requests(None, RequestStatus.FINISHED_ABORTED)  # abort everything
+    assert_empty(s)
+
+
+def test_prefix_cache_hit_charges_only_computed_tokens(model_dir: str) -> None:
+    config = vllm_config(model_dir, max_num_seqs=4, enable_prefix_caching=True)
+    s = make_scheduler(VTCScheduler, config)
+    prompt = [11 + (7 * j) % 400 for j in range(80)]  # 5 full blocks
+    first = make_request("a", prompt=prompt, max_tokens=4)
+    s.add_request(first)
+    run_until_idle(s)
+    assert s.tenant_services()["a"] == WP * 80 + WQ * 4
+
+    full = make_request("b", prompt=prompt, max_tokens=4)
+    half = make_request("c", prompt=prompt[:40] + [500] * 40, max_tokens=4)
+    s.add_request(full)
+    s.add_request(half)
+    output, _ = step(s)
+    hits = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
+    # vLLM recomputes at least the last prompt token: 4 of 5 blocks hit; 2 blocks for c.
+    assert hits == {full.request_id: 64, half.request_id: 32}
+    run_until_idle(s)
+    services = s.tenant_services()
+    assert services["b"] == WP * (80 - 64) + WQ * 4
+    assert services["c"] == WP * (80 - 32) + WQ * 4
+    assert_empty(s)
+
+
+def test_preempted_request_with_prefix_cache_is_not_charged_again(model_dir: str) -> None:
+    config = vllm_config(model_dir, max_num_seqs=3, enable_prefix_caching=True)
+    s = make_scheduler(VTCScheduler, config, num_blocks=12)
+    requests = [make_request(t, 48, 48) for t in ("a", "b", "c")]
+    for r in requests:
+        s.add_request(r)
+    run_until_idle(s)
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert s.tenant_services() == {t: WP * 48 + WQ * 48 for t in "abc"}
+    assert_empty(s)
+
+
+def test_speculative_tokens_are_charged_as_produced(model_dir: str) -> None:
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=4))
+    requests = [make_request("a", 16, 10), make_request("b", 16, 7)]
+    for r in requests:
+        s.add_request(r)
+    step(s, tokens_per_step=3)
+    assert s.tenant_services() == {"a": WP * 16 + WQ * 3, "b": WP * 16 + WQ * 3}
+    run_until_idle(s, tokens_per_step=3)
+    # 10 = 3+3+3+1 and 7 = 3+3+1: vLLM trims at max_tokens and only what it kept is charged.
+    assert s.tenant_services() == {"a": WP * 16 + WQ * 10, "b": WP * 16 + WQ * 7}
+    assert [r.num_output_tokens for r in requests] == [10, 7]
+    assert_empty(s)
+
+
+def test_skipped_pops_are_not_charged(model_dir: str) -> None:
+    # max_loras=1: while adapter x runs, vLLM pops adapter y's requests and puts them back.
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=4, max_loras=1))
+    xs = [make_request(None, 32, 6, lora="x") for _ in range(2)]
+    ys = [make_request(None, 32, 6, lora="y") for _ in range(2)]
+    for r in xs + ys:
+        s.add_request(r)
+    output, _ = step(s)
+    assert set(admitted(output)) == {r.request_id for r in xs}
+    assert {r.request_id for r in s.deferred_waiting} == {r.request_id for r in ys}  # skipped
+    assert s.tenant_services() == {"x": 2 * (WP * 32 + WQ), "y": 0.0}
+    core_ids_consistent(s)
+    assert len(s.waiting) == 2
+    for _ in range(3):  # skipped again every step, still free
+        step(s)
+        assert s.tenant_services()["y"] == 0.0
+        core_ids_consistent(s)
+    run_until_idle(s)
+    assert s.tenant_services() == {t: 2 * (WP * 32 + WQ * 6) for t in "xy"}
+    assert_empty(s)
+
+
+def test_provisional_pop_is_settled_by_what_vllm_did(model_dir: str) -> None:
+    core = vtc.Scheduler(M=1000)
+    q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"])
+    a1, b1, a2 = make_request("a", 10), make_request("b", 30), make_request("a", 20)
+    for r in (a1, b1, a2):
+        q.add_request(r)
+    assert q.peek_request() is a1
+    assert q.pop_request() is a1  # vLLM skips it (e.g. grammar not compiled yet)
+    assert q.peek_request() is b1  # settled as skipped: a1 is set aside, uncharged
+    assert core.service("a") == 0.0 and len(q) == 2
+    assert [r.request_id for r in q] == [b1.request_id, a2.request_id]
+    q.prepend_requests(deque([a1]))  # put back at the end of vLLM's pass
+    assert len(q) == 3 and core.service("a") == 0.0
+    # b1 has the oldest head now; vLLM admits it with a 16-token prefix-cache hit.
+    assert q.pop_request() is b1
+    b1.status = RequestStatus.RUNNING
+    b1.num_computed_tokens = 16
+    assert len(q) == 2  # settled: admitted
+    assert core.service("b") == 30 - 16 and core.status(q.core_id(b1.request_id)) == "running"
+    q.prepend_request(b1)  # preempted: back, never charged again
+    assert core.status(q.core_id(b1.request_id)) == "waiting"
+    assert q.pop_request() is a2  # a (0) is behind b (14) now
+    a2.status = RequestStatus.RUNNING
+    q.settle()
+    assert core.service("a") == 20
+    assert q.pop_request() is b1  # b1 comes back, recomputed from scratch
+    b1.num_computed_tokens = 0
+    q.settle()
+    assert core.service("b") == 30 - 16
+    q.charge({b1.request_id: 3, a1.request_id: 2})  # a1 is waiting: owed, not charged yet
+    assert core.service("b") == 30 - 16 + 2 * 3 and core.service("a") == 20
+    assert q.pop_request() is a1
+    a1.status = RequestStatus.RUNNING
+    q.settle()
+    assert core.service("a") == 20 + 10 + 2 * 2  # owed tokens charged on admission
+    q.remove_requests([a1, b1, a2])
+    assert q.tracked() == 0 and core.num_waiting == 0 and core.num_running == 0
+
+
+def test_async_scheduler_charges_every_token_once(model_dir: str) -> None:
+    config = vllm_config(model_dir, max_num_seqs=3, async_scheduling=True)
+    s = make_scheduler(AsyncVTCScheduler, config, num_blocks=12)
+    requests = [make_request(t, 48, 40) for t in ("a", "b", "c", "a")]
+    for r in requests:
+        s.add_request(r)
+    # The engine's async loop: schedule step N+1 before step N's output arrives.
+    in_flight: deque = deque()
+    for _ in range(2000):
+        if not in_flight and not s.has_requests():
+            break
+        output = s.schedule()
+        if output.num_scheduled_tokens:
+            in_flight.append((output, model_output(s, output)))
+        if len(in_flight) == 2 or (in_flight and not output.num_scheduled_tokens):
+            done, result = in_flight.popleft()
+            s.update_from_output(done, result)
+            core_ids_consistent(s)
+    assert not in_flight and not s.has_requests()
+    assert sum(r.num_preemptions for r in requests) > 0
+    assert [r.num_output_tokens for r in requests] == [40] * 4
+    one = WP * 48 + WQ * 40
+    assert s.tenant_services() == {"a": 2 * one, "b": one, "c": one}
+    assert_empty(s)
+
+
+@pytest.mark.parametrize("cls", [VTCScheduler, TenantTracingScheduler])
+def test_tenant_trace(model_dir: str, tmp_path: Path, monkeypatch, cls: type) -> None:
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("VTC_TRACE_FILE", str(trace))
+    monkeypatch.setenv("VTC_TRACE_INTERVAL", "0")  # a record every step
+    s = make_scheduler(cls, vllm_config(model_dir, max_num_seqs=2))
+    plan = [("a", 5), ("a", 5), ("b", 3), ("c", 4)]
+    requests = [make_request(t, 16, n) for t, n in plan]
+    for r in requests:
+        s.add_request(r)
+    order = run_until_idle(s)
+    if cls is TenantTracingScheduler:  # vLLM's own FCFS, observed
+        assert order == [r.request_id for r in requests]
+        assert s._tenant_of == {}
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) >= 5
+    assert records[0]["queued"] == {"a": 2, "b": 1, "c": 1}
+    assert records[-1] == {"t": records[-1]["t"], "tokens": {"a": 10, "b": 3, "c": 4}, "queued": {}}
+    times = [r["t"] for r in records]
+    assert times == sorted(times)
+
+
+# -- tenants and configuration --------------------------------------------------
+
+
+def test_tenant_comes_from_extra_args_then_lora_then_default() -> None:
+    assert resolve_tenant(make_request("acme")) == "acme"
+    assert resolve_tenant(make_request(42)) == "42"
+    assert resolve_tenant(make_request(None, lora="adapter-1")) == "adapter-1"
+    assert resolve_tenant(make_request("acme", lora="adapter-1")) == "acme"
+    assert resolve_tenant(make_request(None)) is None
+    assert resolve_tenant(make_request(extra_args={"org": "x"}), key="org") == "x"
+    for bad in (True, 3.5, ["a"], {"a": 1}, "", "x" * 129, None):
+        assert resolve_tenant(make_request(bad if bad is not None else None)) is None
+        assert resolve_tenant(make_request(extra_args={"tenant": bad}, lora="L")) == "L"
+    assert resolve_tenant(make_request("x" * 128)) == "x" * 128
+
+
+def test_malformed_tenant_is_served_as_default(model_dir: str, monkeypatch) -> None:
+    monkeypatch.setenv("VTC_TENANT_KEY", "org")
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir))
+    good = make_request(extra_args={"org": "acme"}, prompt_len=10, max_tokens=2)
+    bad = [
+        make_request(extra_args={"org": {"nested": 1}}, prompt_len=10, max_tokens=2),
+        make_request(extra_args={"org": "y" * 1000}, prompt_len=10, max_tokens=2),
+        make_request(extra_args={"tenant": "ignored-key"}, prompt_len=10, max_tokens=2),
+        make_request(None, prompt_len=10, max_tokens=2),
+    ]
+    for r in [good, *bad]:
+        s.add_request(r)
+    run_until_idle(s)
+    assert all(r.status == RequestStatus.FINISHED_LENGTH_CAPPED for r in [good, *bad])
+    assert s.tenant_services() == {"acme": 14.0, "default": 4 * 14.0}
+    assert_empty(s)
+
+
+def test_weights_from_env_and_file(model_dir: str, tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "weights.json"
+    path.write_text(json.dumps({"gold": 4, "silver": 2}))
+    monkeypatch.setenv("VTC_WEIGHTS_FILE", str(path))
+    monkeypatch.setenv("VTC_WEIGHTS", "gold=3, free=0.5")
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=1))
+    assert s.vtc.weight("gold") == 3.0  # the variable wins over the file
+    assert s.vtc.weight("silver") == 2.0
+    assert s.vtc.weight("free") == 0.5
+    s.add_request(make_request("gold", 30, 5))
+    s.add_request(make_request("free", 30, 5))
+    run_until_idle(s)
+    assert s.tenant_services() == pytest.approx({"gold": 40 / 3, "silver": 0.0, "free": 80.0})
+    assert s.tenant_counters()["gold"] == pytest.approx(40 / 3)
+
+
+def test_weighted_tenant_gets_proportional_admissions(model_dir: str, monkeypatch) -> None:
+    monkeypatch.setenv("VTC_WEIGHTS", "gold=2")
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=1))
+    plan = [(t, 20, 10) for _ in range(12) for t in ("gold", "free")]
+    tenant_of = {}
+    for tenant, prompt, max_tokens in plan:
+        r = make_request(tenant, prompt, max_tokens)
+        tenant_of[r.request_id] = tenant
+        s.add_request(r)
+    order = [tenant_of[r] for r in run_until_idle(s)]
+    assert order == _reference_order(plan, {"gold": 2.0})
+    first = order[:12]
+    assert first.count("gold") == 8 and first.count("free") == 4
+
+
+def test_config_errors_are_loud() -> None:
+    assert parse_weights(" a=2 ,b = 0.5,,") == {"a": 2.0, "b": 0.5}
+    assert parse_weights("team=x=2") == {"team=x": 2.0}
+    for bad in ("a", "a=", "a=0", "a=-1", "a=nan", "=2", "a=inf"):
+        with pytest.raises(ValueError):
+            parse_weights(bad)
+    with pytest.raises(ValueError):
+        VTCConfig.from_env({"VTC_WQ": "-1"})
+    with pytest.raises(ValueError):
+        VTCConfig.from_env({"VTC_MAX_TENANTS": "0"})
+    config = VTCConfig.from_env({"VTC_TENANT_KEY": "org", "VTC_WP": "0.5", "VTC_WQ": "3"})
+    assert (config.tenant_key, config.wp, config.wq) == ("org", 0.5, 3.0)
+
+
+def test_weights_file_errors(tmp_path: Path) -> None:
+    for content in ("[1, 2]", '{"a": "heavy"}', '{"a": 0}', "{not json"):
+        path = tmp_path / "w.json"
+        path.write_text(content)
+        with pytest.raises(ValueError):
+            VTCConfig.from_env({"VTC_WEIGHTS_FILE": str(path)})
+
+
+def test_tenant_count_is_capped(model_dir: str, monkeypatch) -> None:
+    monkeypatch.setenv("VTC_MAX_TENANTS", "2")
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir))
+    for t in ("t1", "t2", "t3", "t4", "t1"):
+        s.add_request(make_request(t, 10, 1))
+    run_until_idle(s)
+    assert s.tenant_services() == {"t1": 24.0, "t2": 12.0, "default": 24.0}
+
+
+def test_decode_charges_take_numpy_arrays() -> None:
+    core = vtc.Scheduler(M=100)
+    core.submit(1, "a", 10)
+    core.pop()
+    core.decode(np.asarray([1], dtype=np.uint64), np.asarray([3], dtype=np.int64))
+    assert core.service("a") == 10 + 2 * 3
