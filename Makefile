@@ -44,7 +44,8 @@ lint: dev
 
 ## bench: benchmarks (pytest-benchmark and cargo bench); results in bench/results
 bench: dev
-	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-json=bench/results/pytest.json
+	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-json=bench/results/pytest.json \
+		--ignore=bench/test_vllm_overhead.py
 	cargo bench -p vtc-core
 
 ## test-vllm: the vLLM integration (tests/vllm) against a real CPU vLLM, in its own
