@@ -19,14 +19,15 @@ responses lag the engine by as much (a CI run once saw ``steady``'s whole
 backlog finish in the engine before the client had counted 32 completions, so
 the burst met no backlog at all).
 
-The share of generated tokens is measured in the engine, from the trace: from
-the last record before the burst reached the engine until it is all done. VTC
-lifts ``bursty`` to ``steady``'s counter on arrival and then alternates between
-them: about half. The stock policy (``vtc.vllm.TenantTracingScheduler``: vLLM's
-``Scheduler`` unchanged, plus the trace) serves ``steady``'s whole earlier
-backlog first: ``BURST / (BURST + backlog)``, under a quarter here. Throughput is
-the engine's tokens per second over the window (reported, not asserted: it is
-wall-clock).
+The share of generated tokens is measured in the engine, from the trace, over
+the time both tenants were backlogged (each had more requests queued than the
+batch has slots), which does not depend on when the burst's prompts got through
+the API server. VTC lifts ``bursty`` to ``steady``'s counter on arrival and then
+alternates between them: about half. The stock policy
+(``vtc.vllm.TenantTracingScheduler``: vLLM's ``Scheduler`` unchanged, plus the
+trace) serves ``steady``'s earlier backlog first, so ``bursty`` gets next to
+nothing while that lasts. Throughput is the engine's tokens per second over the
+same time (reported, not asserted: it is wall-clock).
 
 Every request is bounded (count and timeout), the run has a deadline, the
 requests still queued at the end are cancelled (vLLM aborts them), and each
@@ -61,11 +62,11 @@ MAX_TOKENS = 64
 PROMPT_LEN = 32
 EARLY_REQUESTS = 4  # bursty's requests before it goes quiet
 STEADY_HTTP_REQUESTS = 4  # steady's backlog, queued at once ...
-STEADY_PROMPTS = 150  # ... as this many prompts per HTTP request
+STEADY_PROMPTS = 250  # ... as this many prompts per HTTP request
 QUIET_STEADY_REQUESTS = 32  # steady prompts served in the engine while bursty is quiet
 BURST_REQUESTS = 64
-REQUEST_TIMEOUT = 180.0  # seconds, per HTTP request
-RUN_DEADLINE = 240.0  # seconds, for one workload run
+REQUEST_TIMEOUT = 300.0  # seconds, per HTTP request
+RUN_DEADLINE = 420.0  # seconds, for one workload run
 STARTUP_TIMEOUT = 300.0  # seconds, for a server to answer /health
 
 
@@ -255,25 +256,33 @@ class Workload:
         return {"completed": dict(self.completed), "errors": list(self.errors), "burst_sent": sent}
 
 
+def backlogged(record: dict[str, Any], tenant: str) -> bool:
+    """``tenant`` had more requests queued than the batch has slots: at least one
+    of them was waiting for admission."""
+    return _queued(record, tenant) > MAX_NUM_SEQS
+
+
 def engine_share(trace: Path) -> dict[str, Any]:
     """From the scheduler's per-tenant trace (``VTC_TRACE_FILE``): the tokens each
-    tenant got from the last record before the burst reached the engine (``bursty``
-    had nothing queued then) to the first record where it was all done, and the
-    engine's tokens per second."""
+    tenant got while both were backlogged (summed over consecutive records that
+    both say so), the engine's tokens per second then, and when the burst arrived."""
     records = read_trace(trace)
-    arrived = next(i for i, r in enumerate(records) if _queued(r, "bursty") >= BURST_REQUESTS // 2)
-    start = next(r for r in reversed(records[:arrived]) if _queued(r, "bursty") == 0)
-    end = next((r for r in records[arrived:] if _queued(r, "bursty") == 0), records[-1])
-    tokens = {t: _tokens(end, t) - _tokens(start, t) for t in ("steady", "bursty")}
-    seconds = end["t"] - start["t"]
+    tokens = {"steady": 0, "bursty": 0}
+    seconds = 0.0
+    for a, b in zip(records, records[1:]):
+        if all(backlogged(r, t) for r in (a, b) for t in tokens):
+            for t in tokens:
+                tokens[t] += _tokens(b, t) - _tokens(a, t)
+            seconds += b["t"] - a["t"]
+    total = sum(tokens.values())
+    arrived = next(r for r in records if backlogged(r, "bursty"))
     return {
-        "bursty_share": tokens["bursty"] / sum(tokens.values()),
+        "bursty_share": tokens["bursty"] / max(1, total),
         "window_tokens": tokens,
         "window_seconds": seconds,
-        "tokens_per_second": sum(tokens.values()) / seconds,
-        "steady_queued_at_start": _queued(records[arrived], "steady"),
-        "burst_arrived": records[arrived]["t"],
-        "steady_queued_at_end": _queued(end, "steady"),
+        "tokens_per_second": total / max(seconds, 1e-9),
+        "steady_queued_at_burst": _queued(arrived, "steady"),
+        "burst_arrived": arrived["t"],
     }
 
 
@@ -296,7 +305,7 @@ def test_returning_tenant_gets_half_with_vtc_not_with_stock(
     fair = _run(tiny_llama, "vtc", "vtc.vllm.VTCScheduler", tmp_path)
     report = {"stock": stock, "vtc": fair}
     with capsys.disabled():
-        print("\nvLLM e2e: bursty's share of the tokens generated from its return to its end")
+        print("\nvLLM e2e: bursty's share of the tokens generated while both were backlogged")
         for name, r in report.items():
             print(
                 f"  {name:5s} engine {r['bursty_share']:.3f} of {r['window_tokens']} "
@@ -313,20 +322,17 @@ def test_returning_tenant_gets_half_with_vtc_not_with_stock(
         # Every prompt the client waited for came back whole.
         assert r["completed"].get("bursty") == EARLY_REQUESTS + BURST_REQUESTS, r
         assert r["completed"].get("probe") == 1, r
-        # The trace window holds exactly the burst's tokens ...
-        assert r["window_tokens"]["bursty"] == BURST_REQUESTS * MAX_TOKENS
-        # ... and the burst met a steady backlog several times larger than itself.
-        assert r["steady_queued_at_start"] >= 3 * BURST_REQUESTS, r
+        # The burst met a steady backlog larger than itself, and both tenants were
+        # backlogged long enough for the share to mean something.
+        assert r["steady_queued_at_burst"] > BURST_REQUESTS, r
+        assert sum(r["window_tokens"].values()) >= BURST_REQUESTS * MAX_TOKENS // 2, r
     vtc_log = Path(fair["log"]).read_text(errors="replace")
     assert "VTC fair scheduling" in vtc_log
     assert "VTC tenant counter" in vtc_log and "bursty=" in vtc_log
     serving = vtc_log.split("[shutdown]", 1)[0]
     assert not [line for line in serving.splitlines() if " ERROR " in line]
     assert "VTC fair scheduling" not in Path(stock["log"]).read_text(errors="replace")
-    # VTC: the returning tenant is lifted to the floor, then shares evenly ...
+    # VTC: the returning tenant is lifted to the floor, then shares evenly.
     assert 0.42 <= fair["bursty_share"] <= 0.58, report
-    assert fair["steady_queued_at_end"] > 0  # ... while steady still had a backlog.
-    # Stock FCFS: it waits behind steady's whole backlog.
-    assert stock["steady_queued_at_end"] == 0, report
-    assert stock["bursty_share"] <= 0.30, report
-    assert fair["bursty_share"] - stock["bursty_share"] >= 0.15, report
+    # Stock FCFS: while steady's earlier backlog lasts, bursty only waits.
+    assert stock["bursty_share"] <= 0.10, report
