@@ -148,8 +148,9 @@ def test_prefix_cache_hits_are_not_charged_but_hold_kv():
     assert s.service("d") == 0.0  # (its counter was lifted to the floor at submit)
     s.submit(5, "d", 50)
     before = state(s, [5])
-    with pytest.raises(vtc.InvalidArgumentError, match="cached_len must be between 0 and "
-                       "prompt_len=50, got 51"):
+    with pytest.raises(
+        vtc.InvalidArgumentError, match="cached_len must be between 0 and prompt_len=50, got 51"
+    ):
         s.pop(cached_len=51)
     assert state(s, [5]) == before
     with pytest.raises(ValueError, match="got -1"):
@@ -259,7 +260,7 @@ def test_bad_input_raises_and_leaves_state_untouched(op, args, exc, msg):
     [
         ({"M": 0}, vtc.InvalidArgumentError, "M must be"),
         ({"M": -5}, ValueError, "-5"),
-        ({"M": 10, "policy": "wfq"}, ValueError, "unknown policy \"wfq\""),
+        ({"M": 10, "policy": "wfq"}, ValueError, 'unknown policy "wfq"'),
         ({"M": 10, "wp": -1.0}, ValueError, "wp must be a finite number >= 0, got -1"),
         ({"M": 10, "wq": float("nan")}, ValueError, "wq"),
         ({"M": "big"}, TypeError, "'big'"),
@@ -285,6 +286,53 @@ def test_numpy_integer_arguments_are_accepted():
     s = vtc.Scheduler(M=np.int64(1000))
     s.submit(np.int64(5), "a", np.int32(10))
     assert s.schedule() == [5]
+
+
+@pytest.mark.parametrize(
+    "as_array",
+    [
+        lambda ids: np.asarray(ids, dtype=np.uint64),
+        lambda ids: np.asarray(ids, dtype=np.int64),
+        lambda ids: np.asarray(ids, dtype=np.int32),
+        lambda ids: np.repeat(np.asarray(ids, dtype=np.int64), 2)[::2],  # strided view
+        list,
+    ],
+    ids=["uint64", "int64", "int32", "strided", "list"],
+)
+def test_decode_batch_arguments_of_every_form_charge_the_same(as_array):
+    def run(ids_form, tokens_form):
+        s = vtc.Scheduler(M=100_000)
+        for rid in range(300):
+            s.submit(rid, rid % 7, 10)
+        s.schedule()
+        ids = list(range(0, 300, 2))
+        s.decode(ids_form(ids))
+        s.decode(ids_form(ids), tokens_form([1 + i % 3 for i in range(len(ids))]))
+        return s.counters(), [s.generated(r) for r in range(300)]
+
+    assert run(as_array, as_array) == run(list, list)
+
+
+def test_decode_rejects_a_bad_value_in_an_array_and_changes_nothing():
+    s = vtc.Scheduler(M=100_000)
+    for rid in range(200):
+        s.submit(rid, rid % 5, 10)
+    s.schedule()
+    before = s.counters()
+    ids = np.arange(200, dtype=np.int64)
+    ids[150] = -3
+    with pytest.raises(vtc.InvalidArgumentError, match="got -3"):
+        s.decode(ids)
+    tokens = np.ones(200, dtype=np.int64)
+    tokens[7] = -2
+    with pytest.raises(vtc.InvalidArgumentError, match="-2"):
+        s.decode(np.arange(200, dtype=np.uint64), tokens)
+    with pytest.raises(vtc.InvalidArgumentError, match="appears twice"):
+        s.decode(np.array([1, 2, 1], dtype=np.uint64))
+    assert s.counters() == before
+    assert all(s.generated(r) == 0 for r in range(200))
+    s.decode(np.arange(200, dtype=np.uint64))  # still usable
+    assert s.counters() != before
 
 
 def test_threads_submitting_while_engine_schedules():

@@ -139,6 +139,81 @@ struct Inner {
     strs: HashMap<Box<str>, u32>,
     /// Key of each client id; `None` for ids the core forgot (free for reuse).
     keys: Vec<Option<Key>>,
+    /// Reused copies of a batch call's numpy arguments (no allocation per step).
+    scratch: Scratch,
+}
+
+/// Buffers a batch call copies its numpy arguments into before the GIL is
+/// released (another thread may write to the arrays once it is).
+#[derive(Default)]
+struct Scratch {
+    ids: Vec<u64>,
+    tokens: Vec<i64>,
+}
+
+/// A batch argument as given: a 1-d numpy array of a common integer dtype
+/// (copied into [`Scratch`] under the lock, running no Python code), or
+/// anything else, converted to a fresh vector before the lock is taken (that
+/// conversion may run Python code, e.g. `__index__`, which could call back in).
+enum Ints<'py> {
+    U64(PyReadonlyArray1<'py, u64>),
+    I64(PyReadonlyArray1<'py, i64>),
+    I32(PyReadonlyArray1<'py, i32>),
+    Other(Vec<i128>),
+}
+
+impl<'py> Ints<'py> {
+    fn new(what: &str, obj: &Bound<'py, PyAny>) -> Result<Self> {
+        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
+            return Ok(Ints::U64(a));
+        }
+        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
+            return Ok(Ints::I64(a));
+        }
+        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
+            return Ok(Ints::I32(a));
+        }
+        Ok(Ints::Other(int_vec(what, obj)?))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Ints::U64(a) => a.len(),
+            Ints::I64(a) => a.len(),
+            Ints::I32(a) => a.len(),
+            Ints::Other(v) => v.len(),
+        }
+    }
+
+    /// Replace `out`'s contents with the values, each checked by `conv`.
+    fn copy_into<T: Copy>(&self, out: &mut Vec<T>, conv: impl Fn(i128) -> Result<T>) -> Result<()> {
+        out.clear();
+        out.reserve(self.len());
+        let mut push = |x: i128| -> Result<()> {
+            out.push(conv(x)?);
+            Ok(())
+        };
+        match self {
+            Ints::U64(a) => match a.as_slice() {
+                Ok(xs) => xs.iter().try_for_each(|&x| push(x as i128)),
+                Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            },
+            Ints::I64(a) => match a.as_slice() {
+                Ok(xs) => xs.iter().try_for_each(|&x| push(x as i128)),
+                Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            },
+            Ints::I32(a) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            Ints::Other(v) => v.iter().try_for_each(|&x| push(x)),
+        }
+    }
+}
+
+fn rid_of(v: i128) -> Result<u64> {
+    u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
+}
+
+fn tokens_of(v: i128) -> Result<i64> {
+    i64::try_from(v).map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits")))
 }
 
 impl Inner {
@@ -609,6 +684,7 @@ impl PyScheduler {
             ints: HashMap::new(),
             strs: HashMap::new(),
             keys: Vec::new(),
+            scratch: Scratch::default(),
         }))
     }
 
@@ -820,41 +896,34 @@ impl PyScheduler {
             drop(g);
             return Ok(PyList::new(py, preempted)?);
         };
-        let rids = int_vec("request_ids", ids)?
-            .into_iter()
-            .map(|v| {
-                u64::try_from(v)
-                    .map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
-            })
-            .collect::<Result<Vec<u64>>>()?;
-        enum Toks {
+        let ids = Ints::new("request_ids", ids)?;
+        enum Toks<'py> {
             Each(i64),
-            Per(Vec<i64>),
+            Per(Ints<'py>),
         }
         let toks = match tokens {
             None => Toks::Each(1),
             Some(t) if t.is_instance_of::<PyInt>() && !t.is_instance_of::<PyBool>() => {
                 Toks::Each(i64_arg("tokens", t)?)
             }
-            Some(t) => Toks::Per(
-                int_vec("tokens", t)?
-                    .into_iter()
-                    .map(|v| {
-                        i64::try_from(v)
-                            .map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits")))
-                    })
-                    .collect::<Result<Vec<i64>>>()?,
-            ),
-        };
-        let tokens = match &toks {
-            Toks::Each(t) => Tokens::Each(*t),
-            Toks::Per(v) => Tokens::PerRequest(v),
+            Some(t) => Toks::Per(Ints::new("tokens", t)?),
         };
         let mut g = self.lock(py)?;
+        let inner = &mut *g;
+        let scratch = &mut inner.scratch;
+        ids.copy_into(&mut scratch.ids, rid_of)?;
+        let tokens = match &toks {
+            Toks::Each(t) => Tokens::Each(*t),
+            Toks::Per(per) => {
+                per.copy_into(&mut scratch.tokens, tokens_of)?;
+                Tokens::PerRequest(&scratch.tokens)
+            }
+        };
+        let (core, rids) = (&mut inner.core, &scratch.ids);
         if rids.len() >= DETACH_MIN {
-            py.detach(|| g.core.decode(&rids, tokens))?;
+            py.detach(|| core.decode(rids, tokens))?;
         } else {
-            g.core.decode(&rids, tokens)?;
+            core.decode(rids, tokens)?;
         }
         drop(g);
         Ok(PyList::empty(py))
@@ -1013,6 +1082,7 @@ impl PyScheduler {
             ints: HashMap::new(),
             strs: HashMap::new(),
             keys: Vec::with_capacity(restored.keys.len()),
+            scratch: Scratch::default(),
         };
         for (i, raw) in restored.keys.iter().enumerate() {
             let key = decode_key(raw)

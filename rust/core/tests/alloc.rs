@@ -1,0 +1,150 @@
+//! "No allocation per decode step in the core" (issue 5), checked with a
+//! counting global allocator: once the scheduler has warmed up, charging a
+//! running batch (`decode` with one count for all or one per request, and the
+//! capacity-checked `decode_step`) allocates nothing, for every cost function
+//! and in the bulk re-key path (a decode that touches most backlogged clients)
+//! as well as the per-client one.
+//!
+//! The counter is per thread (tests run in parallel threads of this binary),
+//! kept in a `const`-initialised thread local so that reading it never
+//! allocates.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use vtc_core::{ClientId, Cost, Policy, Scheduler, Tokens};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    // `try_with`: a thread being torn down still allocates through us.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// Allocations made by `f` on this thread.
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    let before = allocations();
+    f();
+    allocations() - before
+}
+
+/// A scheduler with `clients` clients, `per_client` waiting requests each and a
+/// batch admitted under `budget`; returns it with the running ids.
+fn loaded(cost: Cost, clients: usize, per_client: usize, budget: i64) -> (Scheduler, Vec<u64>) {
+    let mut s = Scheduler::with_cost(budget, cost, Policy::Vtc).unwrap();
+    let ids: Vec<ClientId> = (0..clients).map(|_| s.add_client()).collect();
+    let mut rid = 0;
+    for _ in 0..per_client {
+        for &c in &ids {
+            s.submit(rid, c, 64 + (rid % 7) as i64 * 16).unwrap();
+            rid += 1;
+        }
+    }
+    let mut admitted = Vec::new();
+    s.schedule(&mut admitted);
+    assert!(
+        admitted.len() > 16,
+        "the batch should be sizeable: {}",
+        admitted.len()
+    );
+    (s, admitted)
+}
+
+fn costs() -> [Cost; 3] {
+    [
+        Cost::Linear { wp: 1.0, wq: 2.0 },
+        Cost::PAPER_QUADRATIC,
+        Cost::Context {
+            wp: 1.0,
+            wq: 2.0,
+            beta: 0.01,
+        },
+    ]
+}
+
+#[test]
+fn decode_of_a_running_batch_allocates_nothing() {
+    // Few clients (per-client re-key) and many clients each with one running
+    // request (the bulk re-key path: most of the heap is touched).
+    for (clients, per_client, budget) in [(8, 200, 20_000), (2_000, 2, 200_000)] {
+        for cost in costs() {
+            let (mut s, running) = loaded(cost, clients, per_client, budget);
+            let counts: Vec<i64> = (0..running.len()).map(|i| 1 + (i % 3) as i64).collect();
+            // Warm-up: the first call may size the scheduler's scratch space.
+            s.decode(&running, Tokens::Each(1)).unwrap();
+            s.decode(&running, Tokens::PerRequest(&counts)).unwrap();
+            for step in 0..50 {
+                let n = allocations_in(|| {
+                    s.decode(&running, Tokens::Each(1)).unwrap();
+                    s.decode(&running, Tokens::PerRequest(&counts)).unwrap();
+                });
+                assert_eq!(
+                    n, 0,
+                    "{cost:?}, {clients} clients: {n} allocations at step {step}"
+                );
+            }
+            s.check_invariants().unwrap();
+        }
+    }
+}
+
+#[test]
+fn capacity_checked_decode_step_allocates_nothing_without_preemption() {
+    for cost in costs() {
+        // A budget far above what the batch will grow to in 50 steps.
+        let mut s = Scheduler::with_cost(1_000_000, cost, Policy::Vtc).unwrap();
+        let ids: Vec<ClientId> = (0..64).map(|_| s.add_client()).collect();
+        for (rid, &c) in (0..2_000u64).zip(ids.iter().cycle()) {
+            s.submit(rid, c, 128).unwrap();
+        }
+        let mut admitted = Vec::new();
+        s.schedule(&mut admitted);
+        let mut preempted = Vec::with_capacity(16);
+        s.decode_step(&mut preempted).unwrap();
+        for step in 0..50 {
+            let n = allocations_in(|| s.decode_step(&mut preempted).unwrap());
+            assert_eq!(n, 0, "{cost:?}: {n} allocations at step {step}");
+            assert!(preempted.is_empty());
+        }
+    }
+}
+
+#[test]
+fn the_counter_sees_allocations() {
+    // The check above would pass vacuously if the allocator were not counting.
+    let n = allocations_in(|| {
+        let v: Vec<u64> = std::hint::black_box(Vec::with_capacity(10));
+        drop(v);
+    });
+    assert_eq!(n, 1);
+}
