@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -96,6 +97,8 @@ _WAITING = "waiting"  # waiting in the core, visible in the queue
 _PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
 _RUNNING = "running"  # admitted: running in the core
 _ASIDE = "aside"  # popped and skipped by vLLM this step: not in the core until put back
+_REQUEST_ID = operator.attrgetter("request_id")
+_NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
 
 
 def _valid_tenant(value: Any) -> str | None:
@@ -269,6 +272,7 @@ class VTCRequestQueue(RequestQueue):
         self.core = core
         self._tenant_of = tenant_of
         self._entries: dict[str, _Entry] = {}  # vLLM request id -> entry
+        self._running: dict[str, int] = {}  # vLLM request id -> core id, while running
         self._by_rid: dict[int, _Entry] = {}  # core id -> entry
         self._pending: _Entry | None = None
         self._aside: dict[str, _Entry] = {}
@@ -333,6 +337,7 @@ class VTCRequestQueue(RequestQueue):
         if rid != entry.rid:  # pragma: no cover - would be a bug in this module
             raise RuntimeError(f"VTC core admitted {rid}, vLLM admitted {entry.rid}")
         entry.where = _RUNNING
+        self._running[request.request_id] = entry.rid
         entry.paid = True
         if entry.owed:
             owed, entry.owed = entry.owed, 0
@@ -376,6 +381,7 @@ class VTCRequestQueue(RequestQueue):
         for entry in reversed([e for e in entries if e.where == _RUNNING]):
             self.core.preempt(entry.rid)
             entry.where = _WAITING
+            del self._running[entry.request.request_id]
 
     def prepend_request(self, request: Request) -> None:
         """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""
@@ -411,6 +417,7 @@ class VTCRequestQueue(RequestQueue):
         if entry is None:
             return
         del self._by_rid[entry.rid]
+        self._running.pop(request_id, None)
         if self._pending is entry:
             self._pending = None
         if entry.where == _ASIDE:
@@ -446,39 +453,42 @@ class VTCRequestQueue(RequestQueue):
 
     def record_outputs(self, outputs: Iterable[Any]) -> None:
         """One step's ``EngineCoreOutputs``: charge the tokens each request really
-        produced (one core call), then forget the requests that finished."""
-        entries = self._entries
-        rids: list[int] = []
-        counts: list[int] = []
-        one_each = True  # the common step: one token per request, no repeats
-        stopped: list[_Entry] = []
-        for engine_outputs in outputs:
-            for out in engine_outputs.outputs:
-                entry = entries.get(out.request_id)
-                if entry is None:
-                    continue
-                n = len(out.new_token_ids)
-                if n:
-                    if entry.where == _RUNNING:
-                        rids.append(entry.rid)
-                        counts.append(n)
-                        one_each = one_each and n == 1
-                    else:  # preempted with output still in flight: charged on re-admission
-                        entry.owed += n
-                if out.finish_reason is not None:
-                    stopped.append(entry)
-        if rids:
-            if one_each and len(set(rids)) == len(rids):
-                self.core.decode(np.asarray(rids, dtype=np.uint64), 1)
-            else:
-                per_rid: dict[int, int] = {}
-                for rid, n in zip(rids, counts):
-                    per_rid[rid] = per_rid.get(rid, 0) + n
-                self._decode(per_rid)
-        for entry in stopped:
-            # A resumable (streaming-input) request stops a turn without finishing.
-            if entry.request.is_finished():
-                self.forget(entry.request.request_id, finished=True)
+        produced (one core call), then forget the requests that finished.
+
+        The common step (every output one token of a running request, no id
+        twice) takes a path of C-level passes (``map``/``count``) over the
+        outputs; anything else takes the per-output loop of :meth:`_record_slow`.
+        """
+        groups = list(outputs)  # one per API-server client: one here
+        if len(groups) == 1:
+            outs = groups[0].outputs
+        else:
+            outs = [out for engine_outputs in groups for out in engine_outputs.outputs]
+        if not outs:
+            return
+        rids = list(map(self._running.get, map(_REQUEST_ID, outs)))
+        produced = list(map(len, map(_NEW_TOKEN_IDS, outs)))
+        if produced.count(1) == len(produced) and None not in rids and len(set(rids)) == len(rids):
+            self.core.decode(np.array(rids, dtype=np.uint64), 1)
+        else:
+            self._record_slow(outs)
+        for out in outs:
+            if out.finish_reason is not None:
+                entry = self._entries.get(out.request_id)
+                # A resumable (streaming-input) request stops a turn without finishing.
+                if entry is not None and entry.request.is_finished():
+                    self.forget(out.request_id, finished=True)
+
+    def _record_slow(self, outs: list[Any]) -> None:
+        """Charge one step's outputs, one at a time: repeated ids, several tokens
+        per output, outputs of requests preempted meanwhile or unknown here."""
+        per_rid: dict[int, int] = {}
+        for out in outs:
+            entry = self._entries.get(out.request_id)
+            n = len(out.new_token_ids)
+            if entry is not None and n:
+                self._add_tokens(per_rid, entry, n)
+        self._decode(per_rid)
 
     def requests_by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
         """How many requests each tenant has waiting and admitted (for logs; O(requests))."""

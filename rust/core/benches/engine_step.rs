@@ -17,7 +17,8 @@
 //! backlogged) as `pop` + `push` pairs on a `std::collections::BinaryHeap`
 //! holding one entry per client.
 //!
-//! Run with `cargo bench -p vtc-core` (`-- --quick` for fewer steps).
+//! Run with `cargo bench -p vtc-core` (`-- --quick` for fewer steps,
+//! `-- --clients 10000` for one configuration).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -269,8 +270,15 @@ fn run(c: usize, waiting: usize, budget: i64, steps: usize) -> Row {
 
 fn main() {
     // `cargo bench` passes `--bench`; anything else is a filter we ignore.
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
     let steps = if quick { 500 } else { 5_000 };
+    // `--clients N`: only that configuration (for profiling under callgrind).
+    let only: Option<usize> = args
+        .iter()
+        .position(|a| a == "--clients")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
     // budget 200,000 tokens: about 500 running requests in steady state
     let configs: &[(usize, usize)] = &[
         (100, 100_000),
@@ -293,7 +301,7 @@ fn main() {
         "core/floor",
         "core/floor2"
     );
-    for &(c, waiting) in configs {
+    for &(c, waiting) in configs.iter().filter(|(c, _)| only.is_none_or(|o| o == *c)) {
         let r = run(c, waiting, 200_000, steps);
         println!(
             "{:>8} {:>9} {:>6} {:>9.1} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>11.2} {:>11.2}x {:>11.2}x",
