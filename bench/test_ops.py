@@ -24,6 +24,11 @@ P = 256  # every prompt
 CS = [10, 1_000, 100_000]
 BS = [64, 256, 1024]
 K = 256  # running requests in the submit/schedule/finish scheduler
+# (clients, waiting requests per client): the default backlog (4K requests, at
+# least 2 per client), and 100,000 clients with 1,000,000 waiting.
+BIG = (100_000, 10)
+CASES = [(c, None) for c in CS] + [BIG]
+CASE_IDS = [str(c) for c in CS] + ["100000-1Mwaiting"]
 
 
 class State:
@@ -49,15 +54,17 @@ class State:
 _cache: dict = {}
 
 
-def state(C: int) -> State:
-    if C not in _cache:
-        _cache[C] = State(C, K, per_client=max(2, -(-4 * K // C)))
-    return _cache[C]
+def state(C: int, per_client: int | None = None) -> State:
+    per_client = per_client or max(2, -(-4 * K // C))
+    if (C, per_client) not in _cache:
+        _cache.clear()  # one large scheduler alive at a time
+        _cache[C, per_client] = State(C, K, per_client=per_client)
+    return _cache[C, per_client]
 
 
-@pytest.mark.parametrize("C", CS)
-def test_submit(benchmark, C):
-    st = state(C)
+@pytest.mark.parametrize(("C", "per_client"), CASES, ids=CASE_IDS)
+def test_submit(benchmark, C, per_client):
+    st = state(C, per_client)
     clients = iter(st.rng.integers(0, C, size=1_000_000).tolist())
 
     def setup():
@@ -65,12 +72,13 @@ def test_submit(benchmark, C):
         return (st.rid - 1, next(clients), P), {}
 
     benchmark.group = "submit"
+    benchmark.extra_info["waiting"] = st.s.num_waiting
     benchmark.pedantic(st.s.submit, setup=setup, rounds=20_000, iterations=1)
 
 
-@pytest.mark.parametrize("C", CS)
-def test_schedule_one(benchmark, C):
-    st = state(C)
+@pytest.mark.parametrize(("C", "per_client"), CASES, ids=CASE_IDS)
+def test_schedule_one(benchmark, C, per_client):
+    st = state(C, per_client)
     s = st.s
 
     def setup():
@@ -81,13 +89,14 @@ def test_schedule_one(benchmark, C):
         st.running.extend(s.schedule())
 
     benchmark.group = "schedule (admits 1)"
+    benchmark.extra_info["waiting"] = st.s.num_waiting
     benchmark.pedantic(run, setup=setup, rounds=20_000, iterations=1)
     assert len(st.running) == K
 
 
-@pytest.mark.parametrize("C", CS)
-def test_finish(benchmark, C):
-    st = state(C)
+@pytest.mark.parametrize(("C", "per_client"), CASES, ids=CASE_IDS)
+def test_finish(benchmark, C, per_client):
+    st = state(C, per_client)
     s = st.s
 
     def setup():
@@ -96,12 +105,14 @@ def test_finish(benchmark, C):
         return (st.running.popleft(),), {}
 
     benchmark.group = f"finish (oldest of B={K})"
+    benchmark.extra_info["waiting"] = st.s.num_waiting
     benchmark.pedantic(s.finish, setup=setup, rounds=20_000, iterations=1)
 
 
 @pytest.mark.parametrize("B", BS)
 @pytest.mark.parametrize("C", CS)
 def test_decode(benchmark, C, B):
+    _cache.clear()
     st = State(C, B, per_client=max(2, -(-2 * B // C)))
     ids = np.array(sorted(st.running), dtype=np.int64)
     s = st.s
