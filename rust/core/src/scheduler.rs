@@ -180,6 +180,10 @@ pub struct Scheduler {
     requests: Vec<Request>,
     free_slots: Vec<u32>,
     index: IdMap<u32>,
+    /// Request id -> slot of the running requests only: a batch-sized table
+    /// that stays in cache, for the per-request look-ups of `decode`,
+    /// `finish` and `preempt` (`index` holds every request, waiting ones too).
+    running_index: IdMap<u32>,
     /// Running request slots in admission order.
     running: Vec<u32>,
     occupancy: u64,
@@ -228,6 +232,7 @@ impl Scheduler {
             requests: Vec::new(),
             free_slots: Vec::new(),
             index: IdMap::default(),
+            running_index: IdMap::default(),
             running: Vec::new(),
             occupancy: 0,
             num_waiting: 0,
@@ -599,7 +604,12 @@ impl Scheduler {
             .ok_or(CoreError::UnknownRequest(rid))
     }
 
+    #[inline]
     fn running_slot(&self, rid: u64, op: Op) -> Result<u32> {
+        if let Some(&s) = self.running_index.get(&rid) {
+            return Ok(s);
+        }
+        // Not running: say whether it is unknown or in another state.
         let s = self.slot_of(rid)?;
         if self.requests[s as usize].state != Slot::Running {
             return Err(CoreError::NotRunning {
@@ -819,6 +829,7 @@ impl Scheduler {
         r.prefill_paid = true;
         self.occupancy += fp;
         self.running.push(entry.slot);
+        self.running_index.insert(rid, entry.slot);
         self.num_waiting -= 1;
         if let Some(w) = charge {
             self.update_curr(c, w);
@@ -1131,6 +1142,7 @@ impl Scheduler {
             .expect("running request is in the running list");
         self.running.remove(pos);
         let r = &self.requests[s as usize];
+        self.running_index.remove(&r.rid);
         let fp = r.footprint();
         self.occupancy -= fp;
         let cl = &mut self.clients[r.client as usize];
@@ -1269,6 +1281,14 @@ impl Scheduler {
                 "occupancy {} != sum of footprints {occ}",
                 self.occupancy
             ));
+        }
+        if self.running_index.len() != self.running.len()
+            || self
+                .running
+                .iter()
+                .any(|&s| self.running_index.get(&self.requests[s as usize].rid) != Some(&s))
+        {
+            return Err("running index disagrees with the running list".into());
         }
         let mut waiting = 0usize;
         let mut running = vec![0usize; self.clients.len()];
