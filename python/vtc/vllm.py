@@ -91,6 +91,8 @@ __all__ = [
 logger = init_logger("vllm.vtc")
 
 DEFAULT_TENANT = "default"
+FORGET_EVERY = 4096
+"""Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 MAX_TENANT_LEN = 128
 
 _WAITING = "waiting"  # waiting in the core, visible in the queue
@@ -582,6 +584,7 @@ class _VTCMixin:
         for tenant, weight in config.weights.items():
             self.vtc.set_weight(tenant, weight)
         self._vtc_tenants: set[str] = set(config.weights)
+        self._vtc_arrivals = 0
         self._vtc_warned_full = False
         self._vtc_warned_aside = False
         self._vtc_last_log = time.monotonic()
@@ -600,17 +603,28 @@ class _VTCMixin:
             config.weights or "all 1",
         )
 
+    def _vtc_forget_idle(self) -> None:
+        """Drop the tenants whose state can no longer change a decision
+        (``vtc.Scheduler.forget_idle``): memory follows the live tenants."""
+        if self.vtc.forget_idle():
+            self._vtc_tenants = {str(k) for k in self.vtc.clients()} | set(self.vtc_config.weights)
+
     def _vtc_tenant(self, request: Request) -> str:
         config = self.vtc_config
+        self._vtc_arrivals += 1
+        if self._vtc_arrivals % FORGET_EVERY == 0:
+            self._vtc_forget_idle()
         tenant = resolve_tenant(request, config.tenant_key)
         if tenant is None:
             return config.default_tenant
         if tenant not in self._vtc_tenants:
             if len(self._vtc_tenants) >= config.max_tenants:
+                self._vtc_forget_idle()
+            if len(self._vtc_tenants) >= config.max_tenants:
                 if not self._vtc_warned_full:
                     self._vtc_warned_full = True
                     logger.warning(
-                        "VTC: %d tenants seen (VTC_MAX_TENANTS); new ones share tenant %r",
+                        "VTC: %d tenants active (VTC_MAX_TENANTS); new ones share tenant %r",
                         config.max_tenants,
                         config.default_tenant,
                     )

@@ -473,6 +473,24 @@ def test_tenant_count_is_capped(model_dir: str, monkeypatch) -> None:
     assert s.tenant_services() == {"t1": 24.0, "t2": 12.0, "default": 24.0}
 
 
+def test_idle_tenants_are_forgotten_so_the_cap_counts_active_ones(
+    model_dir: str, monkeypatch
+) -> None:
+    monkeypatch.setenv("VTC_MAX_TENANTS", "2")
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir))
+    for t in ("t1", "t2"):
+        s.add_request(make_request(t, 10, 1))
+    run_until_idle(s)
+    # Both are idle now; the one that left the queue last stays (the lift's
+    # reference), the other is forgotten when a new tenant needs room.
+    s.add_request(make_request("t3", 10, 1))
+    run_until_idle(s)
+    assert "t3" in s.tenant_services()
+    assert "default" not in s.tenant_services()
+    assert len(s.vtc.clients()) <= 2
+    s.vtc._check_invariants()
+
+
 def test_decode_charges_take_numpy_arrays() -> None:
     core = vtc.Scheduler(M=100)
     core.submit(1, "a", 10)
