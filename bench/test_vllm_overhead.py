@@ -138,8 +138,9 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
     for _ in range(WARMUP):
         stock.step()
         fair.step()
-    stock.scheduler_ns.clear()
-    fair.scheduler_ns.clear()
+    for engine in (stock, fair):
+        engine.scheduler_ns.clear()
+        engine.min_batch = MAX_NUM_SEQS
 
     def both() -> None:
         stock.step()

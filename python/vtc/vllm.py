@@ -457,9 +457,10 @@ class VTCRequestQueue(RequestQueue):
         """One step's ``EngineCoreOutputs``: charge the tokens each request really
         produced (one core call), then forget the requests that finished.
 
-        The common step (every output one token of a running request, no id
-        twice) takes a path of C-level passes (``map``/``count``) over the
-        outputs; anything else takes the per-output loop of :meth:`_record_slow`.
+        The common step (every output one token of a running request) takes a
+        path of C-level passes (``map``/``count``) over the outputs and one
+        ``decode`` call (the core rejects an id given twice, charging nothing);
+        anything else takes the per-output loop of :meth:`_record_slow`.
         """
         groups = list(outputs)  # one per API-server client: one here
         if len(groups) == 1:
@@ -470,16 +471,18 @@ class VTCRequestQueue(RequestQueue):
             return
         rids = list(map(self._running.get, map(_REQUEST_ID, outs)))
         produced = list(map(len, map(_NEW_TOKEN_IDS, outs)))
-        if produced.count(1) == len(produced) and None not in rids and len(set(rids)) == len(rids):
-            self.core.decode(np.array(rids, dtype=np.uint64), 1)
+        if produced.count(1) == len(produced) and None not in rids:
+            try:
+                self.core.decode(rids, 1)
+            except vtc.InvalidArgumentError:  # an id twice: nothing was charged
+                self._record_slow(outs)
         else:
             self._record_slow(outs)
-        for out in outs:
-            if out.finish_reason is not None:
-                entry = self._entries.get(out.request_id)
-                # A resumable (streaming-input) request stops a turn without finishing.
-                if entry is not None and entry.request.is_finished():
-                    self.forget(out.request_id, finished=True)
+        for out in [out for out in outs if out.finish_reason is not None]:
+            entry = self._entries.get(out.request_id)
+            # A resumable (streaming-input) request stops a turn without finishing.
+            if entry is not None and entry.request.is_finished():
+                self.forget(out.request_id, finished=True)
 
     def _record_slow(self, outs: list[Any]) -> None:
         """Charge one step's outputs, one at a time: repeated ids, several tokens

@@ -329,6 +329,42 @@ def test_provisional_pop_is_settled_by_what_vllm_did(model_dir: str) -> None:
     assert q.tracked() == 0 and core.num_waiting == 0 and core.num_running == 0
 
 
+def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:
+    """One step's outputs: one token each (the fast path), an id repeated (the
+    core rejects the batch, the slow path merges), several tokens, a request
+    unknown here, a finished one."""
+    from types import SimpleNamespace
+
+    def out(request, n, finished=False):
+        return SimpleNamespace(
+            request_id=request.request_id,
+            new_token_ids=[7] * n,
+            finish_reason="stop" if finished else None,
+        )
+
+    core = vtc.Scheduler(M=10_000)
+    q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"])
+    a, b, c = make_request("a", 10, 50), make_request("b", 10, 50), make_request("c", 10, 1)
+    for r in (a, b, c):
+        q.add_request(r)
+        assert q.pop_request() is r
+        r.status = RequestStatus.RUNNING
+    q.settle()
+    base = {t: core.service(t) for t in "abc"}
+    step = SimpleNamespace
+    q.record_outputs([step(outputs=[out(a, 1), out(b, 1)])])  # fast path
+    assert core.service("a") - base["a"] == 2 and core.service("b") - base["b"] == 2
+    q.record_outputs([step(outputs=[out(a, 1), out(a, 1), out(b, 1)])])  # id twice
+    assert core.service("a") - base["a"] == 6 and core.service("b") - base["b"] == 4
+    stranger = make_request("z", 5)
+    q.record_outputs([step(outputs=[out(a, 3), out(stranger, 1)]), step(outputs=[out(b, 1)])])
+    assert core.service("a") - base["a"] == 12 and core.service("b") - base["b"] == 6
+    c.status = RequestStatus.FINISHED_STOPPED
+    q.record_outputs([step(outputs=[out(c, 1, finished=True)])])
+    assert core.service("c") - base["c"] == 2
+    assert q.entry(c.request_id) is None and core.num_running == 2
+
+
 def test_async_scheduler_charges_every_token_once(model_dir: str) -> None:
     config = vllm_config(model_dir, max_num_seqs=3, async_scheduling=True)
     s = make_scheduler(AsyncVTCScheduler, config, num_blocks=12)
