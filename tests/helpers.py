@@ -32,3 +32,34 @@ def run_engine(s, steps: int, outputs: dict[int, int]) -> list[int]:
                 s.finish(rid)
                 finished.append(rid)
     return finished
+
+
+def drive_random(
+    s,
+    rng,
+    steps: int,
+    clients,
+    *,
+    arrivals: int,
+    prompt: int,
+    output: int,
+    first_rid: int = 0,
+) -> list[list[int]]:
+    """Drive ``s`` like an engine with random arrivals for ``steps`` steps: each
+    step submits 0..``arrivals`` requests (client from ``clients``, prompt
+    1..``prompt``, output length 1..``output``), schedules, decodes and finishes
+    what is done. Returns each step's admissions (same ``rng`` seed, same run)."""
+    rid = first_rid
+    admitted = []
+    outputs: dict[int, int] = {}
+    for _ in range(steps):
+        for _ in range(rng.randint(0, arrivals)):
+            rid += 1
+            s.submit(rid, rng.choice(clients), rng.randint(1, prompt))
+            outputs[rid] = rng.randint(1, output)
+        admitted.append(s.schedule())
+        s.decode()
+        for r in s.running():
+            if s.generated(r) >= outputs[r]:
+                s.finish(r)
+    return admitted

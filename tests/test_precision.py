@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 import vtc
+from helpers import drive_random
 
 OFFSET = 10.0**12
 
@@ -21,18 +22,7 @@ OFFSET = 10.0**12
 def _run(s, base: float, rng: random.Random, clients: list[str]) -> list[list[int]]:
     for c in clients:
         s.raise_counter(c, base)
-    admitted, outputs, rid = [], {}, 0
-    for _ in range(400):
-        for _ in range(rng.randint(0, 4)):
-            rid += 1
-            s.submit(rid, rng.choice(clients), rng.randint(1, 50))
-            outputs[rid] = rng.randint(1, 30)
-        admitted.append(s.schedule())
-        s.decode()
-        for r in s.running():
-            if s.generated(r) >= outputs[r]:
-                s.finish(r)
-    return admitted
+    return drive_random(s, rng, 400, clients, arrivals=4, prompt=50, output=30)
 
 
 def test_counters_at_1e12_decide_exactly_like_counters_at_0():

@@ -7,25 +7,15 @@ import random
 import pytest
 
 import vtc
-from helpers import state
+from helpers import drive_random, state
 
 
 def _drive(s, rng: random.Random, steps: int, first_rid: int) -> list[list[int]]:
     """Submit, schedule, decode and finish for ``steps`` steps; return admissions."""
-    rid = first_rid
-    admitted = []
-    outputs: dict[int, int] = {}
-    for _ in range(steps):
-        for _ in range(rng.randint(0, 3)):
-            rid += 1
-            s.submit(rid, rng.choice(["a", "b", 7, "long-tenant-name"]), rng.randint(1, 60))
-            outputs[rid] = rng.randint(1, 20)
-        admitted.append(s.schedule())
-        s.decode()
-        for r in s.running():
-            if s.generated(r) >= outputs[r]:
-                s.finish(r)
-    return admitted
+    clients = ["a", "b", 7, "long-tenant-name"]
+    return drive_random(
+        s, rng, steps, clients, arrivals=3, prompt=60, output=20, first_rid=first_rid
+    )
 
 
 def _drain(s) -> None:
