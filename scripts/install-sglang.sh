@@ -28,7 +28,6 @@ if [ $# -ne 1 ]; then
 fi
 PY=$1/bin/python
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
 # What `import sglang.srt.managers.scheduler` needs on a CPU-only machine.
 IMPORT_DEPS="orjson IPython traitlets gguf torchvision pybase64 packaging starlette msgspec
@@ -36,32 +35,9 @@ pydantic pyzmq aiohttp huggingface_hub setproctitle apache-tvm-ffi transformers 
 python-dateutil dill sentencepiece compressed-tensors openai partial_json_parser einops
 uvicorn fastapi"
 
-if [ ! -x "$PY" ] || ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
-    echo "$1 is not a virtualenv; refusing to install SGLang outside one" >&2
-    exit 2
-fi
-
-installed() {  # installed NAME VERSION: exit 0 iff that exact version is installed
-    "$PY" - "$1" "$2" <<'PYEOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    sys.exit(version(sys.argv[1]) != sys.argv[2])
-except PackageNotFoundError:
-    sys.exit(1)
-PYEOF
-}
-
-start=$(date +%s)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-echo "torch==$TORCH_VERSION" > "$tmp/constraints.txt"
-
-# 1. torch, with its own dependencies.
-if ! installed torch "$TORCH_VERSION"; then
-    "$PY" -m pip install -q "torch==$TORCH_VERSION"
-fi
+WHAT=SGLang
+# shellcheck source=lib-torch-venv.sh
+source "$REPO/scripts/lib-torch-venv.sh"  # refuses a non-venv; step 1: torch
 
 # 2. SGLang itself, without its GPU requirement set.
 if ! installed sglang "$SGLANG_VERSION"; then

