@@ -431,21 +431,21 @@ class VTCRequestQueue(RequestQueue):
 
     def charge(self, produced: Mapping[str, int]) -> None:
         """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
+        self._charge_pairs(produced.items())
+
+    def _charge_pairs(self, produced: Iterable[tuple[str, int]]) -> None:
+        """Charge ``(vLLM request id, tokens)`` pairs (an id may repeat) in one core
+        call; tokens of a request preempted meanwhile are owed until re-admission,
+        unknown ids are ignored."""
         per_rid: dict[int, int] = {}
-        for request_id, n in produced.items():
+        for request_id, n in produced:
             entry = self._entries.get(request_id)
-            if entry is not None and n > 0:
-                self._add_tokens(per_rid, entry, n)
-        self._decode(per_rid)
-
-    @staticmethod
-    def _add_tokens(per_rid: dict[int, int], entry: _Entry, n: int) -> None:
-        if entry.where == _RUNNING:
-            per_rid[entry.rid] = per_rid.get(entry.rid, 0) + n
-        else:  # preempted with output still in flight: charged on re-admission
-            entry.owed += n
-
-    def _decode(self, per_rid: dict[int, int]) -> None:
+            if entry is None or n <= 0:
+                continue
+            if entry.where == _RUNNING:
+                per_rid[entry.rid] = per_rid.get(entry.rid, 0) + n
+            else:  # preempted with output still in flight: charged on re-admission
+                entry.owed += n
         if per_rid:
             n = len(per_rid)
             self.core.decode(
@@ -460,7 +460,7 @@ class VTCRequestQueue(RequestQueue):
         The common step (every output one token of a running request) takes a
         path of C-level passes (``map``/``count``) over the outputs and one
         ``decode`` call (the core rejects an id given twice, charging nothing);
-        anything else takes the per-output loop of :meth:`_record_slow`.
+        anything else is charged output by output (:meth:`_charge_pairs`).
         """
         groups = list(outputs)  # one per API-server client: one here
         if len(groups) == 1:
@@ -475,25 +475,14 @@ class VTCRequestQueue(RequestQueue):
             try:
                 self.core.decode(rids, 1)
             except vtc.InvalidArgumentError:  # an id twice: nothing was charged
-                self._record_slow(outs)
+                self._charge_pairs(zip(map(_REQUEST_ID, outs), produced))
         else:
-            self._record_slow(outs)
+            self._charge_pairs(zip(map(_REQUEST_ID, outs), produced))
         for out in [out for out in outs if out.finish_reason is not None]:
             entry = self._entries.get(out.request_id)
             # A resumable (streaming-input) request stops a turn without finishing.
             if entry is not None and entry.request.is_finished():
                 self.forget(out.request_id, finished=True)
-
-    def _record_slow(self, outs: list[Any]) -> None:
-        """Charge one step's outputs, one at a time: repeated ids, several tokens
-        per output, outputs of requests preempted meanwhile or unknown here."""
-        per_rid: dict[int, int] = {}
-        for out in outs:
-            entry = self._entries.get(out.request_id)
-            n = len(out.new_token_ids)
-            if entry is not None and n:
-                self._add_tokens(per_rid, entry, n)
-        self._decode(per_rid)
 
     def requests_by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
         """How many requests each tenant has waiting and admitted (for logs; O(requests))."""
