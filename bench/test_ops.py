@@ -13,6 +13,7 @@ batch; prompts are 256 tokens so that the budget admits a known batch.
   a numpy int64 array; the B requests belong to min(B, C) distinct clients.
 """
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -119,3 +120,30 @@ def test_decode(benchmark, C, B):
     benchmark.group = f"decode B={B}"
     benchmark.extra_info["distinct_clients"] = min(B, C)
     benchmark.pedantic(s.decode, args=(ids, 1), rounds=3_000, iterations=1, warmup_rounds=10)
+
+
+@pytest.mark.parametrize("neighbour", ["idle", "busy thread"])
+def test_decode_beside_a_thread(benchmark, neighbour):
+    """``decode`` of 256 ids while another Python thread runs (vLLM's engine
+    process has such threads). A call that released the GIL would have to win
+    it back from that thread, waiting up to its switch interval (5 ms): the
+    mean and max show it. Batches this size keep the GIL (DETACH_MIN)."""
+    st = State(64, 256, per_client=8)
+    ids = np.array(sorted(st.running), dtype=np.int64)
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    if neighbour == "busy thread":
+        thread.start()
+    try:
+        benchmark.group = "decode B=256 beside another thread"
+        benchmark.pedantic(st.s.decode, args=(ids, 1), rounds=2_000, iterations=1, warmup_rounds=10)
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()

@@ -19,6 +19,7 @@ from vtc._core import (
     QuadraticCost,
     Scheduler,
     __version__,
+    key_id,
 )
 from vtc.errors import (
     CapacityError,
@@ -50,4 +51,5 @@ __all__ = [
     "SnapshotError",
     "UnknownRequestError",
     "__version__",
+    "key_id",
 ]

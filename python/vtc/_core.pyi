@@ -1,8 +1,8 @@
 # Hand-kept stub for the compiled module vtc._core (rust/python/src/lib.rs).
 # Keep every signature here in step with the #[pyo3(signature = ...)] there.
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -10,6 +10,12 @@ import numpy.typing as npt
 __version__: str
 MAX_TOKENS_PER_CALL: int
 SNAPSHOT_VERSION: int
+
+def key_id(key: Hashable, /) -> int:
+    """The request id ``decode_outputs(..., missing="hash")`` gives ``key``:
+    ``hash(key) % 2**64``. Python salts str hashes per process, so such ids
+    are not stable across processes (do not put them in snapshots you restore
+    elsewhere)."""
 
 ClientKey = int | str
 IntArray = Sequence[int] | npt.NDArray[np.integer]
@@ -213,6 +219,26 @@ class Scheduler:
         With ``request_ids`` (a sequence or numpy array): engine form, request
         ``request_ids[i]`` generated ``tokens[i]`` tokens (``tokens`` may be one
         int for all; default 1). No capacity check; returns ``[]``. All or nothing.
+        """
+    def decode_outputs(
+        self,
+        outputs: Iterable[Any],
+        request_ids: dict[Hashable, int],
+        /,
+        *,
+        missing: Literal["error", "hash"] = "error",
+        id_attr: str = "request_id",
+        tokens_attr: str = "new_token_ids",
+    ) -> None:
+        """Engine form of ``decode`` that reads an engine step's output objects itself.
+
+        For each object, ``len(obj.<tokens_attr>)`` tokens (or the int it holds)
+        are charged to the request its key ``obj.<id_attr>`` names:
+        ``request_ids[key]``; a key not there is an ``UnknownRequestError``, or
+        with ``missing="hash"`` names request ``key_id(key)`` (an engine that
+        submits requests as ``key_id(its key)`` passes only the keys whose id
+        was taken). One call, no Python-level loop; all or nothing, like
+        ``decode(ids, tokens)``.
         """
     def finish(self, request_id: int) -> None:
         """A running request is done: its prompt + generated tokens leave the KV budget."""

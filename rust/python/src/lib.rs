@@ -13,7 +13,7 @@ use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
@@ -21,7 +21,16 @@ use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Token
 use errors::{invalid, Error, Result};
 
 /// Batches at least this long are processed with the GIL released.
-const DETACH_MIN: usize = 128;
+///
+/// Releasing the GIL is not free when another thread wants it: that thread
+/// takes it, and getting it back can wait for its switch interval (5 ms by
+/// default). A 256-request decode is ~2 us of work; with a busy Python thread
+/// beside it, releasing the GIL made its mean 300-600 us (one call in ten
+/// waited ~5 ms; bench/README.md, optimisation 6). vLLM's engine process has
+/// such threads (its output thread serializes the previous step). So only
+/// batches whose work is long next to a switch release it: 65,536 ids are
+/// ~0.5 ms.
+const DETACH_MIN: usize = 65_536;
 
 /// A client key as Python gave it: an int or a str.
 #[derive(Clone, Debug)]
@@ -107,6 +116,21 @@ fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
 
 /// A sequence of integers: a 1-d numpy integer array or any iterable of ints.
 fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        // The common case from Python: a list of ints (one C call per item).
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let v = match item.cast_exact::<PyInt>() {
+                Ok(i) => match i.extract::<i64>() {
+                    Ok(v) => i128::from(v),
+                    Err(_) => int_arg(what, &item)?,
+                },
+                Err(_) => int_arg(what, &item)?,
+            };
+            out.push(v);
+        }
+        return Ok(out);
+    }
     if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
         return Ok(a.as_array().iter().map(|&x| x as i128).collect());
     }
@@ -131,6 +155,40 @@ fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
         out.push(int_arg(what, &item?)?);
     }
     Ok(out)
+}
+
+/// `key_id`: a hashable key's request id, `hash(key) % 2**64` (Python's
+/// hash; for a str it is cached in the object, so this reads no more memory).
+fn key_hash(key: &Bound<'_, PyAny>) -> Result<u64> {
+    Ok(key.hash()? as u64)
+}
+
+/// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
+/// its request id mapping does not hold: `hash(key) % 2**64`. An engine that
+/// submits each request as `key_id(its key)` needs no id mapping of its own
+/// (only for the rare key whose id is taken by another live request). Python
+/// salts str hashes per process, so such ids are not stable across processes.
+#[pyfunction]
+fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
+    key_hash(key)
+}
+
+/// `out.<name>` of `outputs[i]`, or a TypeError naming both.
+fn output_attr<'py>(
+    i: usize,
+    out: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> Result<Bound<'py, PyAny>> {
+    out.getattr(name).map_err(|e| {
+        if e.is_instance_of::<PyAttributeError>(out.py()) {
+            Error::Py(PyTypeError::new_err(format!(
+                "outputs[{i}] has no attribute {name}: {}",
+                repr(out)
+            )))
+        } else {
+            Error::Py(e) // raised by a getter: not ours to rename
+        }
+    })
 }
 
 struct Inner {
@@ -164,6 +222,9 @@ enum Ints<'py> {
 
 impl<'py> Ints<'py> {
     fn new(what: &str, obj: &Bound<'py, PyAny>) -> Result<Self> {
+        if obj.is_exact_instance_of::<PyList>() {
+            return Ok(Ints::Other(int_vec(what, obj)?));
+        }
         if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
             return Ok(Ints::U64(a));
         }
@@ -929,6 +990,98 @@ impl PyScheduler {
         Ok(PyList::empty(py))
     }
 
+    /// Engine form of `decode` that reads an engine step's output objects
+    /// itself: for each object, `len(obj.<tokens_attr>)` tokens (or the int
+    /// it holds) are charged to the request its key `obj.<id_attr>` names:
+    /// `request_ids[key]`, or with `missing="hash"` and a key not there,
+    /// `key_id(key)`. One call with no Python-level loop; all or nothing.
+    #[pyo3(signature = (outputs, request_ids, /, *, missing = "error", id_attr = "request_id", tokens_attr = "new_token_ids"))]
+    fn decode_outputs(
+        &self,
+        py: Python<'_>,
+        outputs: &Bound<'_, PyAny>,
+        request_ids: &Bound<'_, PyDict>,
+        missing: &str,
+        id_attr: &str,
+        tokens_attr: &str,
+    ) -> Result<()> {
+        let hashed = match missing {
+            "error" => false,
+            "hash" => true,
+            other => {
+                return Err(invalid(format!(
+                    "missing must be \"error\" or \"hash\", got {other:?}"
+                )))
+            }
+        };
+        // With `hashed`, an empty mapping (the common case) is not consulted.
+        let consult = !(hashed && request_ids.is_empty());
+        let id_name = PyString::intern(py, id_attr);
+        let tokens_name = PyString::intern(py, tokens_attr);
+        let cap = outputs.len().unwrap_or(0);
+        let mut rids: Vec<u64> = Vec::with_capacity(cap);
+        let mut toks: Vec<i64> = Vec::with_capacity(cap);
+        // Everything that may run Python code (attribute getters, __len__,
+        // __hash__) happens here, before the lock is taken.
+        let mut read = |i: usize, out: Bound<'_, PyAny>| -> Result<()> {
+            let key = output_attr(i, &out, &id_name)?;
+            let found = if consult {
+                request_ids.get_item(&key)?
+            } else {
+                None
+            };
+            let rid = match found {
+                Some(rid) => match rid.cast_exact::<PyInt>().map(|r| r.extract::<u64>()) {
+                    Ok(Ok(r)) => r,
+                    _ => request_id_arg(&rid)?,
+                },
+                None if hashed => key_hash(&key)?,
+                None => {
+                    return Err(Error::Arg(
+                        errors::Kind::UnknownRequest,
+                        format!("outputs[{i}].{id_attr} = {} is not in request_ids", repr(&key)),
+                    ))
+                }
+            };
+            let produced = output_attr(i, &out, &tokens_name)?;
+            let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
+                i64_arg(tokens_attr, n.as_any())?
+            } else {
+                let len = produced.len().map_err(|_| {
+                    type_error(
+                        &format!("outputs[{i}].{tokens_attr}"),
+                        "a sized container or an int",
+                        &produced,
+                    )
+                })?;
+                i64::try_from(len).map_err(|_| invalid(format!("{len} tokens do not fit")))?
+            };
+            rids.push(rid);
+            toks.push(n);
+            Ok(())
+        };
+        if let Ok(list) = outputs.cast_exact::<PyList>() {
+            for (i, out) in list.iter().enumerate() {
+                read(i, out)?;
+            }
+        } else {
+            let iter = outputs
+                .try_iter()
+                .map_err(|_| type_error("outputs", "an iterable of output objects", outputs))?;
+            for (i, out) in iter.enumerate() {
+                read(i, out?)?;
+            }
+        }
+        let mut g = self.lock(py)?;
+        let core = &mut g.core;
+        if rids.len() >= DETACH_MIN {
+            py.detach(|| core.decode(&rids, Tokens::PerRequest(&toks)))?;
+        } else {
+            core.decode(&rids, Tokens::PerRequest(&toks))?;
+        }
+        Ok(())
+    }
+
     fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
         let rid = request_id_arg(request_id)?;
         self.lock(py)?.core.finish(rid)?;
@@ -1155,6 +1308,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
+    m.add_function(wrap_pyfunction!(key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [
         errors::Kind::InvalidArgument,

@@ -1,0 +1,123 @@
+"""``Scheduler.decode_outputs``: charging an engine step from its output objects,
+``vtc.key_id``, and ``decode`` with a plain list of ids (its fast path)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import vtc
+from helpers import state
+
+
+def out(key, n, **extra):
+    return SimpleNamespace(request_id=key, new_token_ids=[7] * n, **extra)
+
+
+def running_scheduler(rids, clients=3):
+    s = vtc.Scheduler(M=1_000_000)
+    for i, rid in enumerate(rids):
+        s.submit(rid, f"c{i % clients}", 10)
+    assert len(s.schedule()) == len(rids)
+    return s
+
+
+def test_charges_what_decode_charges():
+    keys = [f"req-{i}" for i in range(40)]
+    ids = {k: 1000 + i for i, k in enumerate(keys)}
+    tokens = [1 + i % 4 for i in range(40)]
+    a = running_scheduler(ids.values())
+    b = running_scheduler(ids.values())
+    a.decode_outputs([out(k, n) for k, n in zip(keys, tokens)], ids)
+    b.decode(list(ids.values()), tokens)
+    assert state(a, list(ids.values())) == state(b, list(ids.values()))
+    assert [a.generated(r) for r in ids.values()] == tokens
+
+
+def test_any_iterable_of_outputs_and_custom_attributes():
+    s = running_scheduler([1, 2])
+    items = (SimpleNamespace(rid="x", count=3), SimpleNamespace(rid="y", count=0))
+    s.decode_outputs(iter(items), {"x": 1, "y": 2}, id_attr="rid", tokens_attr="count")
+    assert (s.generated(1), s.generated(2)) == (3, 0)
+    s.decode_outputs((), {})  # nothing to charge
+    assert (s.generated(1), s.generated(2)) == (3, 0)
+
+
+def test_hash_mode_names_requests_by_key_id():
+    keys = ["cmpl-a", "cmpl-b", ("tuple", 3)]
+    s = running_scheduler([vtc.key_id(k) for k in keys])
+    s.decode_outputs([out(k, 2) for k in keys], {}, missing="hash")
+    assert all(s.generated(vtc.key_id(k)) == 2 for k in keys)
+    # the mapping wins over the hash: a key whose id was taken maps elsewhere
+    s.submit(5, "c0", 10)
+    s.schedule()
+    s.decode_outputs([out("cmpl-a", 1), out("moved", 4)], {"moved": 5}, missing="hash")
+    assert s.generated(vtc.key_id("cmpl-a")) == 3 and s.generated(5) == 4
+
+
+def test_key_id_is_the_python_hash_as_u64():
+    for key in ["", "req-1", "é", 0, -1, 2**70, ("a", 1)]:
+        assert vtc.key_id(key) == hash(key) % 2**64
+    with pytest.raises(TypeError):
+        vtc.key_id(["unhashable"])
+
+
+BAD = [
+    # (outputs, request_ids, kwargs, exception, message)
+    ([out("a", 1), out("zz", 1)], {"a": 1}, {}, vtc.UnknownRequestError, "'zz' is not in"),
+    ([out("a", 1), out("a", 2)], {"a": 1}, {}, vtc.InvalidArgumentError, "appears twice"),
+    ([out("a", 1), out("w", 1)], {"a": 1, "w": 3}, {}, vtc.RequestStateError, "request 3"),
+    ([out("a", 1), out("gone", 1)], {"a": 1}, {"missing": "hash"}, vtc.UnknownRequestError, ""),
+    ([out("a", 1)], {"a": 1}, {"missing": "ignore"}, vtc.InvalidArgumentError, '"ignore"'),
+    ([out("a", 1), SimpleNamespace(new_token_ids=[1])], {"a": 1}, {}, TypeError, "outputs[1]"),
+    ([SimpleNamespace(request_id="a", new_token_ids=5.0)], {"a": 1}, {}, TypeError, "5.0"),
+    ([SimpleNamespace(request_id="a", new_token_ids=-2)], {"a": 1}, {}, ValueError, "-2"),
+    ([out("a", 1)], {"a": -1}, {}, ValueError, "-1"),
+    ([out("a", 1)], {"a": "1"}, {}, TypeError, "'1'"),
+    ([out(["unhashable"], 1)], {"a": 1}, {}, TypeError, "unhashable"),
+    (42, {}, {}, TypeError, "outputs must be an iterable"),
+]
+
+
+@pytest.mark.parametrize("outputs,ids,kwargs,exc,msg", BAD)
+def test_bad_input_charges_nothing(outputs, ids, kwargs, exc, msg):
+    s = running_scheduler([1, 2])
+    s.submit(3, "c0", 10**6)  # waiting: too large to run
+    before = state(s, [1, 2, 3])
+    with pytest.raises(exc) as info:
+        s.decode_outputs(outputs, ids, **kwargs)
+    assert msg in str(info.value)
+    assert state(s, [1, 2, 3]) == before
+    s._check_invariants()
+
+
+def test_an_error_raised_by_a_getter_propagates_unchanged():
+    class Output:
+        request_id = "a"
+
+        @property
+        def new_token_ids(self):
+            raise RuntimeError("engine bug")
+
+    s = running_scheduler([1])
+    with pytest.raises(RuntimeError, match="engine bug"):
+        s.decode_outputs([Output()], {"a": 1})
+    assert s.generated(1) == 0
+
+
+def test_decode_with_a_list_takes_every_int_form():
+    s = running_scheduler([0, 2**63, 2**64 - 1])
+    s.decode([0, 2**63, 2**64 - 1], [1, np.int64(2), 3])
+    assert [s.generated(r) for r in (0, 2**63, 2**64 - 1)] == [1, 2, 3]
+    before = state(s, [0])
+    for bad, exc, msg in [
+        ([0, True], TypeError, "True"),
+        ([0, 2**64], ValueError, str(2**64)),
+        ([0, -5], ValueError, "-5"),
+        ([0, "1"], TypeError, "'1'"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            s.decode(bad, 1)
+        assert state(s, [0]) == before
