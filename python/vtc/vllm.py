@@ -274,26 +274,37 @@ class VTCRequestQueue(RequestQueue):
         self.core = core
         self._tenant_of = tenant_of
         self._entries: dict[str, _Entry] = {}  # vLLM request id -> entry
-        self._running: dict[str, int] = {}  # vLLM request id -> core id, while running
+        # vLLM request id -> core id, for the rare request whose core id is not
+        # vtc.key_id(its id) (taken by another live request when it arrived).
+        self._overrides: dict[str, int] = {}
         self._by_rid: dict[int, _Entry] = {}  # core id -> entry
         self._pending: _Entry | None = None
         self._aside: dict[str, _Entry] = {}
-        self._next_rid = 0
         self._aside_seq = 0
+        self._M = core.M
 
     # -- bookkeeping -------------------------------------------------------
     def _register(self, request: Request) -> _Entry:
-        self._next_rid += 1
-        prompt_len = min(max(int(request.num_prompt_tokens), 1), self.core.M)
-        entry = _Entry(self._next_rid, request, self._tenant_of(request), prompt_len)
-        self._entries[request.request_id] = entry
-        self._by_rid[entry.rid] = entry
+        # The core id is the hash of vLLM's id, so that charging a step's
+        # outputs needs no lookup here (decode_outputs(missing="hash")).
+        request_id = request.request_id
+        rid = vtc.key_id(request_id)
+        if rid in self._by_rid:  # taken by a live request: the next free id
+            while rid in self._by_rid:
+                rid = (rid + 1) % (1 << 64)
+            self._overrides[request_id] = rid
+        prompt_len = min(max(int(request.num_prompt_tokens), 1), self._M)
+        entry = _Entry(rid, request, self._tenant_of(request), prompt_len)
+        self._entries[request_id] = entry
+        self._by_rid[rid] = entry
         return entry
 
     def _submit(self, entry: _Entry) -> None:
         # A request that paid already is submitted wholly cached: never charged again.
-        cached = entry.prompt_len if entry.paid else None
-        self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=cached)
+        if entry.paid:
+            self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=entry.prompt_len)
+        else:
+            self.core.submit(entry.rid, entry.tenant, entry.prompt_len)
         entry.where = _WAITING
 
     def entry(self, request_id: str) -> _Entry | None:
@@ -339,7 +350,6 @@ class VTCRequestQueue(RequestQueue):
         if rid != entry.rid:  # pragma: no cover - would be a bug in this module
             raise RuntimeError(f"VTC core admitted {rid}, vLLM admitted {entry.rid}")
         entry.where = _RUNNING
-        self._running[request.request_id] = entry.rid
         entry.paid = True
         if entry.owed:
             owed, entry.owed = entry.owed, 0
@@ -348,7 +358,8 @@ class VTCRequestQueue(RequestQueue):
     # -- RequestQueue ------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """A request arrives (or a paused session returns): submit it to the core."""
-        self.settle()
+        if self._pending is not None:
+            self.settle()
         entry = self._entries.get(request.request_id)
         if entry is None:
             self._submit(self._register(request))
@@ -357,7 +368,8 @@ class VTCRequestQueue(RequestQueue):
 
     def peek_request(self) -> Request:
         """The request the VTC policy admits next (IndexError if none waits)."""
-        self.settle()
+        if self._pending is not None:
+            self.settle()
         rid = self.core.peek()
         if rid is None:
             raise IndexError("peek from an empty VTC queue")
@@ -365,7 +377,8 @@ class VTCRequestQueue(RequestQueue):
 
     def pop_request(self) -> Request:
         """Take the request ``peek_request()`` names; settled at the next call."""
-        self.settle()
+        if self._pending is not None:
+            self.settle()
         rid = self.core.peek()
         if rid is None:
             raise IndexError("pop from an empty VTC queue")
@@ -383,7 +396,6 @@ class VTCRequestQueue(RequestQueue):
         for entry in reversed([e for e in entries if e.where == _RUNNING]):
             self.core.preempt(entry.rid)
             entry.where = _WAITING
-            del self._running[entry.request.request_id]
 
     def prepend_request(self, request: Request) -> None:
         """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""
@@ -419,7 +431,8 @@ class VTCRequestQueue(RequestQueue):
         if entry is None:
             return
         del self._by_rid[entry.rid]
-        self._running.pop(request_id, None)
+        if self._overrides:
+            self._overrides.pop(request_id, None)
         if self._pending is entry:
             self._pending = None
         if entry.where == _ASIDE:
@@ -453,14 +466,22 @@ class VTCRequestQueue(RequestQueue):
                 np.fromiter(per_rid.values(), dtype=np.uint64, count=n),
             )
 
-    def record_outputs(self, outputs: Iterable[Any]) -> None:
+    def record_outputs(self, outputs: Iterable[Any], finished: Iterable[str] | None = None) -> None:
         """One step's ``EngineCoreOutputs``: charge the tokens each request really
         produced (one core call), then forget the requests that finished.
 
-        The common step (every output one token of a running request) takes a
-        path of C-level passes (``map``/``count``) over the outputs and one
-        ``decode`` call (the core rejects an id given twice, charging nothing);
-        anything else is charged output by output (:meth:`_charge_pairs`).
+        ``finished``: the ids of the requests vLLM freed (its scheduler's
+        ``finished_req_ids``), so that finding them costs nothing per output;
+        without it, the outputs with a ``finish_reason`` are looked at.
+
+        The common step (every output from a running request, each request
+        once) is one ``decode_outputs`` call: the core reads each output's
+        ``request_id`` and ``new_token_ids`` itself, with no Python-level loop
+        (a request's core id is the hash of its vLLM id, see
+        :meth:`_register`). It charges nothing when an output is not from a
+        running request (e.g. preempted with output in flight, or unknown) or
+        a request repeats (it is all or nothing); that step is then charged
+        output by output (:meth:`_charge_pairs`).
         """
         groups = list(outputs)  # one per API-server client: one here
         if len(groups) == 1:
@@ -469,20 +490,17 @@ class VTCRequestQueue(RequestQueue):
             outs = [out for engine_outputs in groups for out in engine_outputs.outputs]
         if not outs:
             return
-        rids = list(map(self._running.get, map(_REQUEST_ID, outs)))
-        produced = list(map(len, map(_NEW_TOKEN_IDS, outs)))
-        if produced.count(1) == len(produced) and None not in rids:
-            try:
-                self.core.decode(rids, 1)
-            except vtc.InvalidArgumentError:  # an id twice: nothing was charged
-                self._charge_pairs(zip(map(_REQUEST_ID, outs), produced))
-        else:
-            self._charge_pairs(zip(map(_REQUEST_ID, outs), produced))
-        for out in [out for out in outs if out.finish_reason is not None]:
-            entry = self._entries.get(out.request_id)
+        try:
+            self.core.decode_outputs(outs, self._overrides, missing="hash")
+        except (vtc.UnknownRequestError, vtc.RequestStateError, vtc.InvalidArgumentError):
+            self._charge_pairs(zip(map(_REQUEST_ID, outs), map(len, map(_NEW_TOKEN_IDS, outs))))
+        if finished is None:
+            finished = [out.request_id for out in outs if out.finish_reason is not None]
+        for request_id in finished:
+            entry = self._entries.get(request_id)
             # A resumable (streaming-input) request stops a turn without finishing.
             if entry is not None and entry.request.is_finished():
-                self.forget(out.request_id, finished=True)
+                self.forget(request_id, finished=True)
 
     def requests_by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
         """How many requests each tenant has waiting and admitted (for logs; O(requests))."""
@@ -503,10 +521,14 @@ class VTCRequestQueue(RequestQueue):
         return len(self._entries)
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        # vLLM asks before every admission: keep it to one core call.
+        if self._pending is not None:
+            self.settle()
+        return self.core.num_waiting > 0
 
     def __len__(self) -> int:
-        self.settle()
+        if self._pending is not None:
+            self.settle()
         return self.core.num_waiting
 
     def __iter__(self) -> Iterator[Request]:
@@ -606,9 +628,13 @@ class _VTCMixin:
         self._vtc_arrivals += 1
         if self._vtc_arrivals % FORGET_EVERY == 0:
             self._vtc_forget_idle()
-        tenant = resolve_tenant(request, config.tenant_key)
-        if tenant is None:
-            return config.default_tenant
+        # Fast path (a valid str in extra_args); resolve_tenant has every rule.
+        extra = getattr(request.sampling_params, "extra_args", None)
+        tenant = extra.get(config.tenant_key) if type(extra) is dict else None
+        if type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_LEN:
+            tenant = resolve_tenant(request, config.tenant_key)
+            if tenant is None:
+                return config.default_tenant
         if tenant not in self._vtc_tenants:
             if len(self._vtc_tenants) >= config.max_tenants:
                 self._vtc_forget_idle()
@@ -649,7 +675,9 @@ class _VTCMixin:
                     entry = queue.entry(out.request_id)
                     if entry is not None and out.new_token_ids:
                         trace.add(entry.tenant, len(out.new_token_ids))
-        queue.record_outputs(outputs.values())
+        # The requests vLLM freed since its last schedule(): this step's finishes
+        # (and aborts, which finish_requests already forgot).
+        queue.record_outputs(outputs.values(), getattr(self, "finished_req_ids", None))
         if trace is not None:
             trace.maybe_write(self._vtc_queued)
         return outputs

@@ -144,6 +144,51 @@ def test_batch_of_several_tenants_is_consistent_each_step(model_dir: str) -> Non
     assert s.tenant_services() == pytest.approx(expected)
 
 
+def test_core_ids_that_collide_are_moved_and_charged_the_same(
+    model_dir: str, monkeypatch
+) -> None:
+    """A request's core id is vtc.key_id(its vLLM id); one taken by a live
+    request moves to the next free id (kept in an override map), which the
+    step's charging consults. With every id taken on arrival, every request
+    moves, and the charges are the same, each step in one decode_outputs call."""
+    slow_steps = []  # the per-output path: a step decode_outputs could not charge
+    charge_pairs = VTCRequestQueue._charge_pairs
+    monkeypatch.setattr(
+        VTCRequestQueue, "_charge_pairs", lambda q, p: slow_steps.append(1) or charge_pairs(q, p)
+    )
+    ids = [f"collide-{i}" for i in range(5)]
+
+    def run(taken: bool) -> tuple[dict[str, float], VTCScheduler, int]:
+        # 12 blocks: requests are preempted and re-admitted too.
+        s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=3), num_blocks=12)
+        queue = s.waiting
+        squatter = object()
+        if taken:  # as if live requests held each id (they hold no state in the core)
+            for request_id in ids:
+                queue._by_rid[vtc.key_id(request_id)] = squatter
+        for i, (request_id, tenant) in enumerate(zip(ids, "abcab")):
+            s.add_request(make_request(tenant, 40 + 4 * i, 40, request_id=request_id))
+        most_moved = 0
+        for _ in range(500):
+            if not s.has_requests():
+                break
+            step(s)
+            core_ids_consistent(s)
+            most_moved = max(most_moved, len(queue._overrides))
+        for rid in [r for r, e in queue._by_rid.items() if e is squatter]:
+            del queue._by_rid[rid]
+        return s.tenant_services(), s, most_moved
+
+    expected, _, moved = run(taken=False)
+    assert moved == 0
+    services, s, moved = run(taken=True)
+    assert moved == len(ids)
+    assert services == expected
+    assert_empty(s)
+    assert not s.waiting._overrides and not s.waiting._by_rid  # forgotten with their requests
+    assert not slow_steps  # every step was charged by one decode_outputs call
+
+
 def test_returning_tenant_is_lifted_to_the_floor(model_dir: str) -> None:
     config = vllm_config(model_dir, max_num_seqs=1)
     s = make_scheduler(VTCScheduler, config)
