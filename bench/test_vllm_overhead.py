@@ -31,6 +31,7 @@ costs.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -60,9 +61,12 @@ TENANTS = 64
 MAX_NUM_SEQS = 256
 BACKLOG = 2_000
 NUM_BLOCKS = 40_000  # 640k tokens: the batch never runs out of KV blocks
-WARMUP = 300
-ROUNDS = 400
-TRIALS = 3  # independent engine trios in test_interleaved_overhead
+# Steps before measuring, measured steps, and independent engine trios in
+# test_interleaved_overhead; the environment may override them (e.g.
+# VTC_BENCH_WARMUP=2000 replaces the whole initial backlog first).
+WARMUP = int(os.environ.get("VTC_BENCH_WARMUP", 300))
+ROUNDS = int(os.environ.get("VTC_BENCH_ROUNDS", 400))
+TRIALS = int(os.environ.get("VTC_BENCH_TRIALS", 3))
 
 
 class Engine:
