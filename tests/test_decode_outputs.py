@@ -62,6 +62,8 @@ def test_key_id_is_the_python_hash_as_u64():
         assert vtc.key_id(key) == hash(key) % 2**64
     with pytest.raises(TypeError):
         vtc.key_id(["unhashable"])
+    with pytest.raises(TypeError):
+        vtc.key_id(key="a")  # positional only, as in _core.pyi
 
 
 BAD = [

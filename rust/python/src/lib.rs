@@ -169,6 +169,7 @@ fn key_hash(key: &Bound<'_, PyAny>) -> Result<u64> {
 /// (only for the rare key whose id is taken by another live request). Python
 /// salts str hashes per process, so such ids are not stable across processes.
 #[pyfunction]
+#[pyo3(signature = (key, /))]
 fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
     key_hash(key)
 }
