@@ -51,7 +51,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vtc import Scheduler
+from vtc import InvalidArgumentError, RequestStateError, Scheduler, UnknownRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,36 @@ class VtcState:
             queue[pos + 1 : at + 1] = [req, *queue[pos + 1 : at]]
 
     def batch_done(self, reqs: list[_Req]) -> None:
-        """A batch result was processed: charge new output tokens, release finished requests."""
+        """A batch result was processed: charge new output tokens, release finished requests.
+
+        The common batch (every tracked request running, each once) is charged
+        with one ``decode`` call and no per-request core call; the core rejects
+        anything else as a whole, and that batch takes the careful path.
+        """
+        ids_of, charged = self._ids, self._charged
+        ids: list[int] = []
+        tokens: list[int] = []
+        for req in reqs:
+            rid = ids_of.get(id(req))
+            if rid is not None:
+                n = len(req.output_ids) - charged[rid]
+                if n > 0:
+                    ids.append(rid)
+                    tokens.append(n)
+        try:
+            if ids:
+                self.core.decode(ids, tokens)
+        except (UnknownRequestError, RequestStateError, InvalidArgumentError):
+            # a request not running (or gone), or one given twice: charged nothing
+            self._charge_running(reqs)
+        else:
+            for rid, n in zip(ids, tokens):
+                charged[rid] += n
+        self._release_finished(reqs)
+
+    def _charge_running(self, reqs: list[_Req]) -> None:
+        """Charge the new output tokens of the running requests among ``reqs``
+        (each once); the others are charged when they run again."""
         ids: list[int] = []
         tokens: list[int] = []
         seen: set[int] = set()
@@ -290,6 +319,8 @@ class VtcState:
                 self._charged[rid] = n
         if ids:
             self.core.decode(ids, tokens)
+
+    def _release_finished(self, reqs: list[_Req]) -> None:
         for req in reqs:
             if req.finished():
                 rid = self.request_id(req)

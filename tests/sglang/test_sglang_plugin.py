@@ -73,6 +73,35 @@ def test_decode_is_charged_from_process_batch_result() -> None:
     assert core().generated(vs.get_state().request_id(a)) == 6
 
 
+def test_a_batch_with_a_waiting_or_repeated_request_is_charged_request_by_request() -> None:
+    """batch_done charges a batch in one core call; a batch the core refuses
+    as a whole (a request in it twice, one not running) is charged request by
+    request: each running request once, a waiting one when it runs again."""
+    state = vs.VtcState()
+    a, b, c = make_req("a", 4), make_req("b", 4), make_req("c", 4)
+    for req in (a, b, c):
+        state.enqueue(req)
+    state.core.pop(cached_len=0)
+    state.core.pop(cached_len=0)
+    running = [r for r in (a, b, c) if state.status(r) == "running"]
+    (waiting,) = [r for r in (a, b, c) if state.status(r) == "waiting"]
+    x, y = running
+    x.output_ids.extend([7, 7])
+    y.output_ids.append(7)
+    waiting.output_ids.extend([7] * 5)  # e.g. output it kept from before a retraction
+    base = state.core.counters()
+    state.batch_done([x, y, x, waiting])
+    got = {t: state.core.counter(t) - base[t] for t in base}
+    assert got == {state.tenant(x): 4.0, state.tenant(y): 2.0, state.tenant(waiting): 0.0}
+    state.core.pop(cached_len=0)  # the waiting one runs now
+    x.output_ids.append(7)
+    state.batch_done([x, y, waiting])  # the common batch: one core call
+    got = {t: state.core.counter(t) - base[t] for t in base}
+    # the waiting one: its prompt at admission (4), then its 5 tokens once
+    assert got == {state.tenant(x): 6.0, state.tenant(y): 2.0, state.tenant(waiting): 14.0}
+    assert [state.core.generated(state.request_id(r)) for r in (x, y, waiting)] == [3, 1, 5]
+
+
 def test_returning_tenant_is_placed_at_the_active_floor() -> None:
     s = make_scheduler()
     s.max_prefill_tokens = 10  # one 8-token prompt per pass
