@@ -114,7 +114,9 @@ fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
         .map_err(|_| type_error(what, "a number", obj))
 }
 
-/// A sequence of integers: a 1-d numpy integer array or any iterable of ints.
+/// A sequence of integers that is not a u64/i64/i32 numpy array (those are
+/// [`Ints::new`]'s): a list (read directly) or any iterable of ints; another
+/// numpy array is a TypeError naming its shape and dtype.
 fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
     if let Ok(list) = obj.cast_exact::<PyList>() {
         // The common case from Python: a list of ints (one C call per item).
@@ -130,15 +132,6 @@ fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
             out.push(v);
         }
         return Ok(out);
-    }
-    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i64>>() {
-        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
-    }
-    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, u64>>() {
-        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
-    }
-    if let Ok(a) = obj.extract::<PyReadonlyArray1<'_, i32>>() {
-        return Ok(a.as_array().iter().map(|&x| x as i128).collect());
     }
     if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
         return Err(Error::Py(PyTypeError::new_err(format!(
@@ -157,21 +150,32 @@ fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
     Ok(out)
 }
 
-/// `key_id`: a hashable key's request id, `hash(key) % 2**64` (Python's
-/// hash; for a str it is cached in the object, so this reads no more memory).
-fn key_hash(key: &Bound<'_, PyAny>) -> Result<u64> {
-    Ok(key.hash()? as u64)
-}
-
 /// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
 /// its request id mapping does not hold: `hash(key) % 2**64`. An engine that
 /// submits each request as `key_id(its key)` needs no id mapping of its own
 /// (only for the rare key whose id is taken by another live request). Python
 /// salts str hashes per process, so such ids are not stable across processes.
+/// A str caches its hash, so this reads no more memory than the key.
 #[pyfunction]
 #[pyo3(signature = (key, /))]
 fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
-    key_hash(key)
+    Ok(key.hash()? as u64)
+}
+
+/// The core's engine-form `decode`, with the GIL released for a batch of at
+/// least [`DETACH_MIN`] ids.
+fn decode_batch(
+    py: Python<'_>,
+    core: &mut vtc_core::Scheduler,
+    rids: &[u64],
+    tokens: Tokens<'_>,
+) -> Result<()> {
+    if rids.len() >= DETACH_MIN {
+        py.detach(|| core.decode(rids, tokens))?;
+    } else {
+        core.decode(rids, tokens)?;
+    }
+    Ok(())
 }
 
 /// `out.<name>` of `outputs[i]`, or a TypeError naming both.
@@ -224,6 +228,7 @@ enum Ints<'py> {
 impl<'py> Ints<'py> {
     fn new(what: &str, obj: &Bound<'py, PyAny>) -> Result<Self> {
         if obj.is_exact_instance_of::<PyList>() {
+            // the common case: skip the numpy attempts (each builds an error)
             return Ok(Ints::Other(int_vec(what, obj)?));
         }
         if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
@@ -981,12 +986,7 @@ impl PyScheduler {
                 Tokens::PerRequest(&scratch.tokens)
             }
         };
-        let (core, rids) = (&mut inner.core, &scratch.ids);
-        if rids.len() >= DETACH_MIN {
-            py.detach(|| core.decode(rids, tokens))?;
-        } else {
-            core.decode(rids, tokens)?;
-        }
+        decode_batch(py, &mut inner.core, &scratch.ids, tokens)?;
         drop(g);
         Ok(PyList::empty(py))
     }
@@ -1032,15 +1032,15 @@ impl PyScheduler {
                 None
             };
             let rid = match found {
-                Some(rid) => match rid.cast_exact::<PyInt>().map(|r| r.extract::<u64>()) {
-                    Ok(Ok(r)) => r,
-                    _ => request_id_arg(&rid)?,
-                },
-                None if hashed => key_hash(&key)?,
+                Some(rid) => request_id_arg(&rid)?,
+                None if hashed => key_id(&key)?,
                 None => {
                     return Err(Error::Arg(
                         errors::Kind::UnknownRequest,
-                        format!("outputs[{i}].{id_attr} = {} is not in request_ids", repr(&key)),
+                        format!(
+                            "outputs[{i}].{id_attr} = {} is not in request_ids",
+                            repr(&key)
+                        ),
                     ))
                 }
             };
@@ -1074,13 +1074,7 @@ impl PyScheduler {
             }
         }
         let mut g = self.lock(py)?;
-        let core = &mut g.core;
-        if rids.len() >= DETACH_MIN {
-            py.detach(|| core.decode(&rids, Tokens::PerRequest(&toks)))?;
-        } else {
-            core.decode(&rids, Tokens::PerRequest(&toks))?;
-        }
-        Ok(())
+        decode_batch(py, &mut g.core, &rids, Tokens::PerRequest(&toks))
     }
 
     fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
