@@ -301,10 +301,8 @@ class VTCRequestQueue(RequestQueue):
 
     def _submit(self, entry: _Entry) -> None:
         # A request that paid already is submitted wholly cached: never charged again.
-        if entry.paid:
-            self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=entry.prompt_len)
-        else:
-            self.core.submit(entry.rid, entry.tenant, entry.prompt_len)
+        cached = entry.prompt_len if entry.paid else None
+        self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=cached)
         entry.where = _WAITING
 
     def entry(self, request_id: str) -> _Entry | None:
@@ -521,10 +519,7 @@ class VTCRequestQueue(RequestQueue):
         return len(self._entries)
 
     def __bool__(self) -> bool:
-        # vLLM asks before every admission: keep it to one core call.
-        if self._pending is not None:
-            self.settle()
-        return self.core.num_waiting > 0
+        return len(self) > 0
 
     def __len__(self) -> int:
         if self._pending is not None:
@@ -628,13 +623,9 @@ class _VTCMixin:
         self._vtc_arrivals += 1
         if self._vtc_arrivals % FORGET_EVERY == 0:
             self._vtc_forget_idle()
-        # Fast path (a valid str in extra_args); resolve_tenant has every rule.
-        extra = getattr(request.sampling_params, "extra_args", None)
-        tenant = extra.get(config.tenant_key) if type(extra) is dict else None
-        if type(tenant) is not str or not 0 < len(tenant) <= MAX_TENANT_LEN:
-            tenant = resolve_tenant(request, config.tenant_key)
-            if tenant is None:
-                return config.default_tenant
+        tenant = resolve_tenant(request, config.tenant_key)
+        if tenant is None:
+            return config.default_tenant
         if tenant not in self._vtc_tenants:
             if len(self._vtc_tenants) >= config.max_tenants:
                 self._vtc_forget_idle()
