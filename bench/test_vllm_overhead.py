@@ -120,15 +120,16 @@ class ReplayQueue(RequestQueue):
     """A waiting queue that admits what another engine admitted, in its order.
 
     Requests are named by creation index (the engines create the same
-    requests in the same order). Before each step, :meth:`plan` gives the
+    requests in the same order, and add each in that order: the n-th request
+    added is the n-th created). Before each step, :meth:`plan` gives the
     indices to admit; the queue then looks empty to ``schedule()`` once they
     are popped (``__len__`` still counts every waiting request). Each
     operation is O(1), like vLLM's own FIFO queue. It serves only a
     benchmark: vLLM must not skip or preempt (this workload does neither).
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self) -> None:
+        self.added = 0
         self.waiting: dict[int, Any] = {}
         self.plan_: list[int] = []
         self.pos = 0
@@ -137,7 +138,8 @@ class ReplayQueue(RequestQueue):
         self.plan_, self.pos = indices, 0
 
     def add_request(self, request: Any) -> None:
-        self.waiting[self.engine.index_of[request.request_id]] = request
+        self.waiting[self.added] = request
+        self.added += 1
 
     def peek_request(self) -> Any:
         if self.pos == len(self.plan_):
@@ -212,11 +214,8 @@ def vtc_engine(config: Any, timed: bool = False) -> Engine:
 def replay_engine(config: Any) -> Engine:
     """Stock vLLM's scheduler with a :class:`ReplayQueue` (plan it before each step)."""
     scheduler = make_scheduler(Scheduler, config, num_blocks=NUM_BLOCKS)
-    scheduler.waiting = ReplayQueue(None)  # type: ignore[arg-type]
-    engine = Engine.__new__(Engine)
-    scheduler.waiting.engine = engine
-    Engine.__init__(engine, scheduler)
-    return engine
+    scheduler.waiting = ReplayQueue()
+    return Engine(scheduler)
 
 
 @pytest.fixture(scope="module")
