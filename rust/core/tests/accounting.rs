@@ -1,6 +1,9 @@
 //! Accounting beyond tokens: cost functions, prefix caching, length
 //! prediction, per-client memory caps and preemption (issue 6).
 
+mod common;
+
+use common::every_cost;
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Scheduler, Tokens};
 
 fn two(s: &mut Scheduler) -> (ClientId, ClientId) {
@@ -273,15 +276,7 @@ impl Lcg {
 
 #[test]
 fn random_operations_with_every_option_keep_the_invariants() {
-    let costs = [
-        Cost::Linear { wp: 1.0, wq: 2.0 },
-        Cost::PAPER_QUADRATIC,
-        Cost::Context {
-            wp: 1.0,
-            wq: 2.0,
-            beta: 0.01,
-        },
-    ];
+    let costs = every_cost();
     for seed in 0..60u64 {
         let mut rng = Lcg(seed * 7 + 3);
         let m = [64i64, 500, 4000][(seed % 3) as usize];

@@ -12,6 +12,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+mod common;
+
+use common::every_cost;
 use vtc_core::{ClientId, Cost, Policy, Scheduler, Tokens};
 
 struct Counting;
@@ -80,24 +83,12 @@ fn loaded(cost: Cost, clients: usize, per_client: usize, budget: i64) -> (Schedu
     (s, admitted)
 }
 
-fn costs() -> [Cost; 3] {
-    [
-        Cost::Linear { wp: 1.0, wq: 2.0 },
-        Cost::PAPER_QUADRATIC,
-        Cost::Context {
-            wp: 1.0,
-            wq: 2.0,
-            beta: 0.01,
-        },
-    ]
-}
-
 #[test]
 fn decode_of_a_running_batch_allocates_nothing() {
     // Few clients (per-client re-key) and many clients each with one running
     // request (the bulk re-key path: most of the heap is touched).
     for (clients, per_client, budget) in [(8, 200, 20_000), (2_000, 2, 200_000)] {
-        for cost in costs() {
+        for cost in every_cost() {
             let (mut s, running) = loaded(cost, clients, per_client, budget);
             let counts: Vec<i64> = (0..running.len()).map(|i| 1 + (i % 3) as i64).collect();
             // Warm-up: the first call may size the scheduler's scratch space.
@@ -120,7 +111,7 @@ fn decode_of_a_running_batch_allocates_nothing() {
 
 #[test]
 fn capacity_checked_decode_step_allocates_nothing_without_preemption() {
-    for cost in costs() {
+    for cost in every_cost() {
         // A budget far above what the batch will grow to in 50 steps.
         let mut s = Scheduler::with_cost(1_000_000, cost, Policy::Vtc).unwrap();
         let ids: Vec<ClientId> = (0..64).map(|_| s.add_client()).collect();
