@@ -15,8 +15,13 @@ def _decision_state(s) -> dict:
     """What decides the future: queue heads, running set, and the counters of
     clients that are waiting or running."""
     active = {r: s.status(r) for r in s.running()}
-    return {"running": s.running(), "peek": s.peek(), "occupancy": s.occupancy,
-            "num_waiting": s.num_waiting, "active": active}
+    return {
+        "running": s.running(),
+        "peek": s.peek(),
+        "occupancy": s.occupancy,
+        "num_waiting": s.num_waiting,
+        "active": active,
+    }
 
 
 @pytest.mark.parametrize("policy", ["vtc", "fcfs", "lcf"])

@@ -20,8 +20,13 @@ def test_panic_becomes_an_exception_and_disables_the_scheduler():
         s._panic_for_tests()
     assert type(info.value).__name__ == "PanicException"
     # every later call refuses, with a message that says what to do
-    for call in (lambda: s.submit(2, "a", 5), s.schedule, lambda: s.counter("a"),
-                 lambda: s.num_running, s.forget_idle):
+    for call in (
+        lambda: s.submit(2, "a", 5),
+        s.schedule,
+        lambda: s.counter("a"),
+        lambda: s.num_running,
+        s.forget_idle,
+    ):
         with pytest.raises(vtc.InternalError, match="from_snapshot"):
             call()
     assert isinstance(vtc.InternalError("x"), vtc.SchedulerError)

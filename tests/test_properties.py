@@ -38,8 +38,9 @@ def overload(draw):
     wp = draw(st.sampled_from([1.0, 0.5, 2.0]))
     wq = draw(st.sampled_from([2.0, 1.0, 4.0]))
     n_clients = draw(st.integers(2, 5))
-    weights = draw(st.lists(st.sampled_from([1.0, 1.0, 2.0, 0.5, 3.0]), min_size=n_clients,
-                            max_size=n_clients))
+    weights = draw(
+        st.lists(st.sampled_from([1.0, 1.0, 2.0, 0.5, 3.0]), min_size=n_clients, max_size=n_clients)
+    )
     max_prompt = draw(st.integers(1, M // 2))
     max_output = draw(st.integers(1, M - max_prompt))
     seed = draw(st.integers(0, 2**32 - 1))

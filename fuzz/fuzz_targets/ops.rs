@@ -115,7 +115,7 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(s.num_waiting() + s.num_running(), model.len());
         if !engine_mode {
-            assert!(s.occupancy() <= budget as u64);
+            assert!(s.occupancy() <= budget as u128);
         }
         for (i, &c) in clients.iter().enumerate() {
             let v = s.counter(c).unwrap();

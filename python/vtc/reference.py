@@ -59,6 +59,29 @@ and the charge (before ``* inv_w``) is
 evaluated left to right.  Integer sums are exact, so the result does not
 depend on the order of the requests in the call.
 
+Arguments and errors
+--------------------
+Numbers: an integer argument is an ``int`` or has ``__index__`` (numpy
+integers), never a ``bool``; a real-number argument (``weight``, ``value``,
+``wp``, ``wq``) is an ``int``, a ``float`` or any ``numbers.Real`` (``Fraction``,
+numpy floats), converted with ``float()``; anything else (``Decimal``, ``str``)
+is a ``TypeError``. A value of the right type outside its range (an ``int`` too
+large for a float included) is an ``InvalidArgumentError`` naming it. An
+exception raised by the caller's own ``__index__`` or ``__len__`` propagates.
+
+Limits (``rust/core/src/limits.rs``; they keep every counter finite and every
+token sum exact): ``1 <= M <= 2**53``; prices (``wp``, ``wq``, cost
+coefficients) in ``[0, 1e9]``; weights in ``[1e-6, 1e6]``; ``raise_counter``
+values within ``[-1e30, 1e30]``; at most ``MAX_TOKENS_PER_CALL`` tokens per
+request per decode call and ``2**54`` per request over its life. An int
+``client_cap`` above ``M`` is ``M``; ``policy=None`` is ``"vtc"``.
+
+Order of checks in ``decode(request_ids, tokens)``: first the lengths, then
+position by position: the id (type, range, known, running), a duplicate,
+the token count (type, range). The first failing check raises; nothing is
+charged. ``pop(cached_len)`` on an empty queue returns ``None`` without
+looking at ``cached_len``.
+
 Per-client cap (``client_cap=``): in ``schedule()`` a client is eligible when
 it has nothing running or its running tokens plus its head request's
 footprint are within the cap; ineligible clients are left out of selection
@@ -81,6 +104,7 @@ next charges (``used = min(credit, amount)``) instead.  The lift treats
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections import deque
 from collections.abc import Sequence
@@ -96,6 +120,13 @@ from vtc.errors import (
 )
 
 POLICIES = ("vtc", "lcf", "fcfs")
+# The limits of rust/core/src/limits.rs (tests check they agree).
+MAX_BUDGET = 2**53
+MAX_REQUEST_TOKENS = 2**54
+MAX_PRICE = 1e9
+MIN_WEIGHT = 1e-6
+MAX_WEIGHT = 1e6
+MAX_COUNTER = 1e30
 DEFAULT_BETA = 1.0 / 512.0
 PAPER_QUADRATIC = {"a_p": 2.1, "a_q": 1.0, "a_pq": 0.04, "a_qq": 0.032, "c": 11.46}
 
@@ -174,13 +205,21 @@ class _Request:
 
 
 def _as_int(name: str, value) -> int:
-    """An int, or anything with ``__index__`` (numpy integers); never a bool."""
-    if isinstance(value, bool):
+    """An int, or anything with ``__index__`` (numpy integers); never a bool.
+    An exception raised inside ``__index__`` propagates."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {value!r}")
+    return operator.index(value)
+
+
+def _as_float(name: str, value) -> float:
+    """A real number: an int (never a bool), a float or a ``numbers.Real``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
     try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {value!r}") from None
+        return float(value)
+    except OverflowError:
+        raise InvalidArgumentError(f"{name} {value!r} is out of range") from None
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -206,11 +245,11 @@ def _check_client(client):
 
 
 def _check_weight(weight) -> float:
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-        raise TypeError(f"weight must be a number, got {weight!r}")
-    w = float(weight)
-    if not (math.isfinite(w) and w > 0.0):
-        raise InvalidArgumentError(f"weight must be a positive finite number, got {weight!r}")
+    w = _as_float("weight", weight)
+    if not MIN_WEIGHT <= w <= MAX_WEIGHT:
+        raise InvalidArgumentError(
+            f"weight must be a finite number in [{MIN_WEIGHT}, {MAX_WEIGHT}], got {w!r}"
+        )
     return w
 
 
@@ -222,13 +261,15 @@ class Scheduler:
         M: int,
         wp: float | None = None,
         wq: float | None = None,
-        policy: str = "vtc",
+        policy: str | None = None,
         *,
         cost=None,
         client_cap: int | float | None = None,
         predictor: str | None = None,
     ) -> None:
         M = _check_int("M", M, 1)
+        if M > MAX_BUDGET:
+            raise InvalidArgumentError(f"M must be a number of tokens in [1, 2**53], got {M}")
         if predictor is None:
             predictor = "none"
         if not isinstance(predictor, str):
@@ -241,10 +282,15 @@ class Scheduler:
         wp = 1.0 if wp is None else wp
         wq = 2.0 if wq is None else wq
         for name, w in (("wp", wp), ("wq", wq)):
-            if isinstance(w, bool) or not isinstance(w, (int, float)):
-                raise TypeError(f"{name} must be a number, got {w!r}")
-            if not (math.isfinite(w) and w >= 0.0):
-                raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {w!r}")
+            w = _as_float(name, w)
+            if not 0.0 <= w <= MAX_PRICE:
+                raise InvalidArgumentError(
+                    f"{name} must be a finite number in [0, {MAX_PRICE}], got {w!r}"
+                )
+        if policy is None:
+            policy = "vtc"
+        if not isinstance(policy, str):
+            raise TypeError(f"policy must be a str, got {policy!r}")
         if policy not in POLICIES:
             raise InvalidArgumentError(f"unknown policy {policy!r}; expected one of {POLICIES}")
         if cost is None:
@@ -255,10 +301,12 @@ class Scheduler:
             if isinstance(client_cap, int) and not isinstance(client_cap, bool):
                 if client_cap < 1:
                     raise InvalidArgumentError(f"client_cap must be >= 1, got {client_cap}")
-            elif isinstance(client_cap, float) and 0.0 < client_cap <= 1.0:
-                client_cap = max(1, math.floor(client_cap * M))
+                client_cap = min(client_cap, M)  # a cap above M is M
             else:
-                raise InvalidArgumentError(f"bad client_cap {client_cap!r}")
+                f = _as_float("client_cap", client_cap)
+                if not 0.0 < f <= 1.0:
+                    raise InvalidArgumentError(f"bad client_cap {client_cap!r}")
+                client_cap = max(1, math.floor(f * M))
         self.client_cap = client_cap
         self.M = M
         self.wp = self.cost.coef.get("wp", self.cost.coef.get("a_p"))
@@ -316,12 +364,13 @@ class Scheduler:
 
     def raise_counter(self, client, value) -> None:
         client = _check_client(client)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"value must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise InvalidArgumentError(f"counter must be a finite number, got {value!r}")
+        v = _as_float("value", value)
+        if not (math.isfinite(v) and abs(v) <= MAX_COUNTER):
+            raise InvalidArgumentError(
+                f"counter must be a finite number in [-{MAX_COUNTER}, {MAX_COUNTER}], got {v!r}"
+            )
         c = self._clients.setdefault(client, _Client())
-        c.counter = max(c.counter, float(value))
+        c.counter = max(c.counter, v)
 
     # -- the policy --------------------------------------------------------
     def _backlogged(self) -> list:
@@ -522,6 +571,10 @@ class Scheduler:
             if tokens is not None:
                 raise TypeError("tokens given without request_ids")
             return self._decode_all()
+        for name, arg in (("request_ids", request_ids), ("tokens", tokens)):
+            ndim = getattr(arg, "ndim", 1)  # a numpy array must be 1-d
+            if isinstance(ndim, int) and ndim != 1 and not isinstance(arg, int):
+                raise TypeError(f"{name} must be a 1-d integer array, got a {ndim}-d array")
         rids = list(request_ids)
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             toks = [tokens] * len(rids)
@@ -543,6 +596,11 @@ class Scheduler:
             t = _check_int("tokens", t, 0)
             if t > MAX_TOKENS_PER_CALL:
                 raise InvalidArgumentError(f"tokens {t} exceeds {MAX_TOKENS_PER_CALL}")
+            if r.generated + t > MAX_REQUEST_TOKENS:
+                raise InvalidArgumentError(
+                    f"request {r.rid} would have generated {r.generated + t} tokens, "
+                    f"more than {MAX_REQUEST_TOKENS} (2**54)"
+                )
             reqs.append((r, t))
         per_client: dict = {}
         for r, t in reqs:

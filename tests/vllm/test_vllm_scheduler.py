@@ -144,9 +144,7 @@ def test_batch_of_several_tenants_is_consistent_each_step(model_dir: str) -> Non
     assert s.tenant_services() == pytest.approx(expected)
 
 
-def test_core_ids_that_collide_are_moved_and_charged_the_same(
-    model_dir: str, monkeypatch
-) -> None:
+def test_core_ids_that_collide_are_moved_and_charged_the_same(model_dir: str, monkeypatch) -> None:
     """A request's core id is vtc.key_id(its vLLM id); one taken by a live
     request moves to the next free id (kept in an override map), which the
     step's charging consults. With every id taken on arrival, every request

@@ -44,7 +44,7 @@ pub struct Client {
     /// in `Scheduler::extra`, to keep this struct small).
     pub(crate) pending_tokens: u64,
     /// KV tokens held by this client's running requests (the memory cap).
-    pub(crate) occupancy: u64,
+    pub(crate) occupancy: u128,
     /// Refunded over-predictions not yet absorbed by later charges
     /// (weighted service; see `Scheduler::settle`).
     pub(crate) credit: f64,
@@ -95,7 +95,7 @@ impl Client {
     }
     /// KV tokens held by this client's running requests.
     #[inline]
-    pub fn occupancy(&self) -> u64 {
+    pub fn occupancy(&self) -> u128 {
         self.occupancy
     }
     /// Refund not yet absorbed (length prediction).

@@ -72,7 +72,7 @@ impl Cost {
     /// Reject a coefficient that is negative, NaN or infinite.
     pub fn validate(&self) -> Result<()> {
         let check = |name: &'static str, value: f64| {
-            if value.is_finite() && value >= 0.0 {
+            if crate::limits::price_ok(value) {
                 Ok(())
             } else {
                 Err(CoreError::InvalidTokenWeight { name, value })

@@ -24,15 +24,15 @@ impl fmt::Display for Op {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum CoreError {
-    /// `M` must be at least one token.
+    /// `M` must be in `1..=MAX_BUDGET` tokens.
     InvalidBudget(i64),
     /// A per-client cap must be at least one token.
     InvalidClientCap(i64),
-    /// A token weight (`wp`, `wq`) must be finite and >= 0.
+    /// A token price (`wp`, `wq`, a cost coefficient) must be in `0..=MAX_PRICE`.
     InvalidTokenWeight { name: &'static str, value: f64 },
-    /// A counter value must be finite.
+    /// A counter value must be finite, at most `MAX_COUNTER` in magnitude.
     InvalidCounter(f64),
-    /// A client weight must be finite and > 0.
+    /// A client weight must be in `MIN_WEIGHT..=MAX_WEIGHT`.
     InvalidWeight(f64),
     /// `prompt_len` must be >= 1.
     InvalidPrompt(i64),
@@ -60,6 +60,8 @@ pub enum CoreError {
     NegativeTokens(i64),
     /// More tokens for one request in one call than `MAX_TOKENS_PER_CALL`.
     TooManyTokens(u64),
+    /// A request would hold more than `MAX_REQUEST_TOKENS` generated tokens.
+    RequestTooLong { request_id: u64, tokens: u128 },
     /// The oldest running request alone cannot grow within `M`.
     Capacity {
         request_id: u64,
@@ -76,21 +78,37 @@ impl fmt::Display for CoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use CoreError::*;
         match self {
-            InvalidBudget(m) => write!(f, "M must be a positive number of tokens, got {m}"),
+            InvalidBudget(m) => write!(
+                f,
+                "M must be a number of tokens in [1, 2**53], got {m}"
+            ),
             InvalidClientCap(c) => write!(
                 f,
                 "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {c}"
             ),
             InvalidTokenWeight { name, value } => {
-                write!(f, "{name} must be a finite number >= 0, got {value}")
+                write!(
+                    f,
+                    "{name} must be a finite number in [0, {:e}], got {value:?}",
+                    crate::limits::MAX_PRICE
+                )
             }
-            InvalidCounter(v) => write!(f, "counter must be a finite number, got {v}"),
-            InvalidWeight(w) => write!(f, "weight must be a positive finite number, got {w}"),
+            InvalidCounter(v) => write!(
+                f,
+                "counter must be a finite number in [-{m:e}, {m:e}], got {v:?}",
+                m = crate::limits::MAX_COUNTER
+            ),
+            InvalidWeight(w) => write!(
+                f,
+                "weight must be a finite number in [{:e}, {:e}], got {w:?}",
+                crate::limits::MIN_WEIGHT,
+                crate::limits::MAX_WEIGHT
+            ),
             InvalidPrompt(p) => write!(f, "prompt_len must be >= 1, got {p}"),
             InvalidPrediction(p) => write!(
                 f,
                 "predicted_output must be between 0 and {}, got {p}",
-                crate::MAX_TOKENS_PER_CALL
+                crate::limits::MAX_TOKENS_PER_CALL
             ),
             UnknownPredictor(p) => {
                 write!(f, "unknown predictor {p:?}; expected 'none' or 'mean'")
@@ -121,7 +139,12 @@ impl fmt::Display for CoreError {
             TooManyTokens(t) => write!(
                 f,
                 "tokens {t} exceeds {} for one request in one decode call",
-                crate::scheduler::MAX_TOKENS_PER_CALL
+                crate::limits::MAX_TOKENS_PER_CALL
+            ),
+            RequestTooLong { request_id, tokens } => write!(
+                f,
+                "request {request_id} would have generated {tokens} tokens, more than {} (2**54)",
+                crate::limits::MAX_REQUEST_TOKENS
             ),
             Capacity { request_id, tokens, budget } => write!(
                 f,

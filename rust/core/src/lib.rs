@@ -21,6 +21,7 @@ mod client;
 mod cost;
 mod error;
 mod heap;
+pub mod limits;
 mod scheduler;
 mod snapshot;
 
@@ -28,5 +29,6 @@ pub use client::{Client, ClientId};
 pub use cost::{Cost, Pending};
 pub use error::{CoreError, Op, Result};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
-pub use scheduler::{Policy, Predictor, RequestState, Scheduler, Tokens, MAX_TOKENS_PER_CALL};
+pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
+pub use scheduler::{Policy, Predictor, RequestState, Scheduler, Tokens};
 pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

@@ -18,10 +18,9 @@ use crate::client::{Client, ClientId, QueueEntry};
 use crate::cost::{Cost, Pending};
 use crate::error::{CoreError, Op, Result};
 use crate::heap::{IndexedHeap, Key, NOT_IN_HEAP};
-
-/// Largest token count accepted for one request in one decode call. Keeps
-/// every sum of tokens far from `u64` overflow and exact in an `f64`.
-pub const MAX_TOKENS_PER_CALL: u64 = u32::MAX as u64;
+use crate::limits::{
+    price_ok, weight_ok, MAX_BUDGET, MAX_COUNTER, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL,
+};
 
 /// Which request goes next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +166,17 @@ pub enum Tokens<'a> {
     PerRequest(&'a [i64]),
 }
 
+impl Tokens<'_> {
+    /// The count of the `i`-th request.
+    #[inline(always)]
+    fn at(&self, i: usize) -> i64 {
+        match *self {
+            Tokens::Each(t) => t,
+            Tokens::PerRequest(ts) => ts[i],
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     budget: u64,
@@ -186,7 +196,10 @@ pub struct Scheduler {
     running_index: IdMap<u32>,
     /// Running request slots in admission order.
     running: Vec<u32>,
-    occupancy: u64,
+    /// KV tokens of the running requests. `u128`: engine mode (`pop`,
+    /// `decode` with ids) adds without a capacity check, so only the
+    /// per-request limits bound it (see `limits`).
+    occupancy: u128,
     num_waiting: usize,
     seq: u64,
     admit_seq: u64,
@@ -213,11 +226,11 @@ impl Scheduler {
     /// A scheduler with KV budget `budget` tokens, prompt weight `wp`, decode
     /// weight `wq` and the given policy.
     pub fn new(budget: i64, wp: f64, wq: f64, policy: Policy) -> Result<Self> {
-        if budget <= 0 {
+        if budget <= 0 || budget as u64 > MAX_BUDGET {
             return Err(CoreError::InvalidBudget(budget));
         }
         for (name, value) in [("wp", wp), ("wq", wq)] {
-            if !(value.is_finite() && value >= 0.0) {
+            if !price_ok(value) {
                 return Err(CoreError::InvalidTokenWeight { name, value });
             }
         }
@@ -272,12 +285,14 @@ impl Scheduler {
     }
 
     /// Limit each client's KV tokens in the running batch (`None`: no cap).
-    /// See [`schedule`](Self::schedule) for the rule. Fails for a cap of 0.
+    /// See [`schedule`](Self::schedule) for the rule. Fails for a cap of 0;
+    /// a cap above `M` is `M` (the same constraint: `schedule` never lets
+    /// the batch outgrow `M`).
     pub fn set_client_cap(&mut self, cap: Option<u64>) -> Result<()> {
         if cap == Some(0) {
             return Err(CoreError::InvalidClientCap(0));
         }
-        self.client_cap = cap;
+        self.client_cap = cap.map(|c| c.min(self.budget));
         Ok(())
     }
 
@@ -311,7 +326,7 @@ impl Scheduler {
         self.policy
     }
     /// KV tokens held by running requests (prompt + generated).
-    pub fn occupancy(&self) -> u64 {
+    pub fn occupancy(&self) -> u128 {
         self.occupancy
     }
     pub fn num_waiting(&self) -> usize {
@@ -409,7 +424,7 @@ impl Scheduler {
 
     /// Weighted VTC: every later charge to `c` is divided by `weight`.
     pub fn set_weight(&mut self, c: ClientId, weight: f64) -> Result<()> {
-        if !(weight.is_finite() && weight > 0.0) {
+        if !weight_ok(weight) {
             return Err(CoreError::InvalidWeight(weight));
         }
         let cl = self
@@ -426,7 +441,7 @@ impl Scheduler {
     /// schedulers that share counters across replicas: a replica lifts its
     /// local view to the global counter it learned.
     pub fn raise_counter(&mut self, c: ClientId, value: f64) -> Result<()> {
-        if !value.is_finite() {
+        if !(value.is_finite() && value.abs() <= MAX_COUNTER) {
             return Err(CoreError::InvalidCounter(value));
         }
         let cl = self
@@ -462,6 +477,19 @@ impl Scheduler {
      * client is not lifted, so nothing is forgotten; under fcfs counters
      * decide nothing, so any idle client may go.) Its delivered service is
      * forgotten with it.
+     *
+     * A refund credit does not pin a client either: the lift of a client
+     * with credit moves its position counter - credit up to the floor, so
+     * with counter <= L <= floor it returns at the floor with credit
+     * floor - max(counter - credit, floor) = 0, like a new client (and
+     * credit <= counter always: it refunds what was charged).
+     *
+     * The one state that does matter is the `mean` predictor's learned
+     * output length: a forgotten client starts learning again, as a new
+     * client does (its next requests are admitted without a prediction
+     * until one of them finishes). That is the price of memory that follows
+     * the live set; a deployment that wants the means kept across idle
+     * periods does not call forget_idle (or calls it less often).
      */
     /// Forget idle clients whose state can no longer influence any decision
     /// (see above); their ids are appended to `out` and will be reused.
@@ -484,19 +512,17 @@ impl Scheduler {
             }
         };
         let start = out.len();
-        let means = &self.means;
+        let means = &mut self.means;
         for (i, cl) in self.clients.iter_mut().enumerate() {
-            let idle = cl.live
-                && cl.n_waiting == 0
-                && cl.n_running == 0
-                && cl.weight == 1.0
-                && cl.credit == 0.0
-                && means.get(i).is_none_or(|m| m.is_none());
+            let idle = cl.live && cl.n_waiting == 0 && cl.n_running == 0 && cl.weight == 1.0;
             if idle && cl.counter <= limit && self.last_left != Some(i as u32) {
                 *cl = Client {
                     live: false,
                     ..Client::default()
                 };
+                if let Some(m) = means.get_mut(i) {
+                    *m = None;
+                }
                 self.free_clients.push(i as u32);
                 out.push(ClientId(i as u32));
             }
@@ -827,7 +853,7 @@ impl Scheduler {
             })
         };
         r.prefill_paid = true;
-        self.occupancy += fp;
+        self.occupancy += u128::from(fp);
         self.running.push(entry.slot);
         self.running_index.insert(rid, entry.slot);
         self.num_waiting -= 1;
@@ -835,7 +861,7 @@ impl Scheduler {
             self.update_curr(c, w);
         }
         let cl = &mut self.clients[c as usize];
-        cl.occupancy += fp;
+        cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
         if cl.n_waiting == 0 {
@@ -865,7 +891,8 @@ impl Scheduler {
             return out.len() - start;
         }
         while let Some(s) = self.next_slot() {
-            if self.occupancy + self.requests[s as usize].footprint() > self.budget {
+            let fp = self.requests[s as usize].footprint();
+            if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
             out.push(self.admit_next().expect("next_slot was Some"));
@@ -881,12 +908,12 @@ impl Scheduler {
             let s = self.next_slot().expect("backlogged client has a head");
             let fp = self.requests[s as usize].footprint();
             let cl = &self.clients[c as usize];
-            if cl.n_running > 0 && cl.occupancy + fp > cap {
+            if cl.n_running > 0 && cl.occupancy + u128::from(fp) > u128::from(cap) {
                 self.heap.remove(c, &mut self.clients[..]);
                 parked.push(c);
                 continue;
             }
-            if self.occupancy + fp > self.budget {
+            if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
             out.push(self.admit_next().expect("heap top has a head"));
@@ -974,7 +1001,7 @@ impl Scheduler {
     fn add_pending(&mut self, c: u32, prompt: u64, before: u64, tokens: u64, predicted: u64) {
         let linear = self.cost.is_linear();
         let cl = &mut self.clients[c as usize];
-        cl.occupancy += tokens;
+        cl.occupancy += u128::from(tokens);
         let (before, tokens) = if predicted > before {
             let end = before + tokens;
             if end <= predicted {
@@ -1009,7 +1036,7 @@ impl Scheduler {
     /// last remaining request alone cannot grow.
     pub fn decode_step(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
         let n = self.running.len();
-        if self.occupancy + n as u64 > self.budget {
+        if self.occupancy + n as u128 > u128::from(self.budget) {
             self.preempt_for_growth(preempted)?;
         }
         let keep = self.running.len();
@@ -1020,7 +1047,7 @@ impl Scheduler {
             r.generated += 1;
             self.add_pending(c, prompt, before, 1, pred);
         }
-        self.occupancy += keep as u64;
+        self.occupancy += keep as u128;
         self.charge_touched();
         Ok(())
     }
@@ -1046,7 +1073,7 @@ impl Scheduler {
         let mut occ = self.occupancy;
         let mut keep = order.len();
         let mut k = 0;
-        while occ + keep as u64 > self.budget {
+        while occ + keep as u128 > u128::from(self.budget) {
             if keep == 1 {
                 let r = &self.requests[order[k].2 as usize];
                 let err = CoreError::Capacity {
@@ -1057,7 +1084,7 @@ impl Scheduler {
                 self.victims = order;
                 return Err(err);
             }
-            occ -= self.requests[order[k].2 as usize].footprint();
+            occ -= u128::from(self.requests[order[k].2 as usize].footprint());
             keep -= 1;
             k += 1;
         }
@@ -1069,11 +1096,27 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Engine form: record that request `rids[i]` generated `tokens[i]`
-    /// tokens (or `Each(t)` for all). The engine owns memory here: no
-    /// capacity check is made. All-or-nothing: any bad id or count fails the
-    /// whole call before anything is charged.
-    pub fn decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
+    /*
+     * The order of checks of an engine-form decode (the reference follows
+     * the same order, and the binding defers its own conversion errors to
+     * the position they belong to):
+     *
+     *   1. `request_ids` and per-request `tokens` of different lengths;
+     *   2. then position by position, i = 0, 1, ...: the id (unknown, not
+     *      running), the id again in the same call, then its token count
+     *      (negative, more than MAX_TOKENS_PER_CALL, or past the request's
+     *      MAX_REQUEST_TOKENS).
+     *
+     * The first failing check is the error; nothing has changed then.
+     */
+    /// Validate an engine-form [`decode`](Self::decode) call without
+    /// changing anything observable (the order of checks is above).
+    pub fn check_decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
+        self.validate_decode(rids, tokens)
+    }
+
+    /// The checks of `decode`; on success `self.slots` holds each request's slot.
+    fn validate_decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
         if let Tokens::PerRequest(t) = tokens {
             if t.len() != rids.len() {
                 return Err(CoreError::LengthMismatch {
@@ -1084,46 +1127,58 @@ impl Scheduler {
         }
         self.decode_epoch += 1;
         let epoch = self.decode_epoch;
-        let count = |i: usize| match tokens {
-            Tokens::Each(t) => t,
-            Tokens::PerRequest(ts) => ts[i],
-        };
-        // validate everything first, remembering each request's slot
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
+        let mut result = Ok(());
         for (i, &rid) in rids.iter().enumerate() {
             let s = match self.running_slot(rid, Op::Decode) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.slots = slots;
-                    return Err(e);
+                    result = Err(e);
+                    break;
                 }
             };
             slots.push(s);
             let r = &mut self.requests[s as usize];
-            let t = count(i);
+            let t = tokens.at(i);
             let err = if r.decode_epoch == epoch {
                 Some(CoreError::DuplicateInBatch(rid))
             } else if t < 0 {
                 Some(CoreError::NegativeTokens(t))
             } else if t as u64 > MAX_TOKENS_PER_CALL {
                 Some(CoreError::TooManyTokens(t as u64))
+            } else if r.generated + t as u64 > MAX_REQUEST_TOKENS {
+                Some(CoreError::RequestTooLong {
+                    request_id: rid,
+                    tokens: u128::from(r.generated) + t as u128,
+                })
             } else {
                 None
             };
             if let Some(e) = err {
-                self.slots = slots;
-                return Err(e);
+                result = Err(e);
+                break;
             }
             r.decode_epoch = epoch;
         }
-        let mut total = 0u64;
+        self.slots = slots;
+        result
+    }
+
+    /// Engine form: record that request `rids[i]` generated `tokens[i]`
+    /// tokens (or `Each(t)` for all). The engine owns memory here: no
+    /// capacity check is made. All-or-nothing: any bad id or count fails the
+    /// whole call before anything is charged (checks in the order above).
+    pub fn decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
+        self.validate_decode(rids, tokens)?;
+        let slots = std::mem::take(&mut self.slots);
+        let mut total = 0u128;
         for (i, &s) in slots.iter().enumerate() {
-            let t = count(i) as u64;
+            let t = tokens.at(i) as u64;
             let r = &mut self.requests[s as usize];
             let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
             r.generated += t;
-            total += t;
+            total += u128::from(t);
             if t > 0 {
                 self.add_pending(c, prompt, before, t, pred);
             }
@@ -1144,10 +1199,10 @@ impl Scheduler {
         let r = &self.requests[s as usize];
         self.running_index.remove(&r.rid);
         let fp = r.footprint();
-        self.occupancy -= fp;
+        self.occupancy -= u128::from(fp);
         let cl = &mut self.clients[r.client as usize];
         cl.n_running -= 1;
-        cl.occupancy -= fp;
+        cl.occupancy -= u128::from(fp);
     }
 
     fn preempt_slot(&mut self, s: u32) {
@@ -1263,7 +1318,7 @@ impl Scheduler {
     /// Check every structural invariant (tests and fuzzing; O(n)).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.heap.check(&self.clients[..])?;
-        let mut occ = 0u64;
+        let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {
             let r = &self.requests[s as usize];
@@ -1274,7 +1329,7 @@ impl Scheduler {
                 return Err("running list out of admission order".into());
             }
             prev = r.admit_seq;
-            occ += r.footprint();
+            occ += u128::from(r.footprint());
         }
         if occ != self.occupancy {
             return Err(format!(
@@ -1292,11 +1347,11 @@ impl Scheduler {
         }
         let mut waiting = 0usize;
         let mut running = vec![0usize; self.clients.len()];
-        let mut occ_of = vec![0u64; self.clients.len()];
+        let mut occ_of = vec![0u128; self.clients.len()];
         for &s in &self.running {
             let r = &self.requests[s as usize];
             running[r.client as usize] += 1;
-            occ_of[r.client as usize] += r.footprint();
+            occ_of[r.client as usize] += u128::from(r.footprint());
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {

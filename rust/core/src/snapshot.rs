@@ -208,7 +208,7 @@ impl Scheduler {
                     "client {i}: counter {counter} / service {service} invalid"
                 )));
             }
-            if !(weight.is_finite() && weight > 0.0) {
+            if !crate::limits::weight_ok(weight) {
                 return Err(bad(format!("client {i}: weight {weight} invalid")));
             }
             records.push(ClientRecord {

@@ -73,7 +73,7 @@ fn random_operations_keep_every_invariant() {
                 s.check_invariants()
                     .unwrap_or_else(|e| panic!("seed {seed} op {rid}: {e}"));
                 assert!(
-                    s.occupancy() <= m as u64,
+                    s.occupancy() <= m as u128,
                     "occupancy {} > M {m}",
                     s.occupancy()
                 );

@@ -133,6 +133,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | LengthMismatch { .. }
         | NegativeTokens(_)
         | TooManyTokens(_)
+        | RequestTooLong { .. }
         | DuplicateInBatch(_)
         | UnknownClient(_) => Kind::InvalidArgument,
         DuplicateRequest(_) => Kind::DuplicateRequest,

@@ -7,15 +7,18 @@
 
 mod errors;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
-use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
-use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyList, PyString};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
+};
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
 
 use errors::{invalid, Error, Result};
@@ -32,16 +35,50 @@ use errors::{invalid, Error, Result};
 /// ~0.5 ms.
 const DETACH_MIN: usize = 65_536;
 
-/// A client key as Python gave it: an int or a str.
+/// A client key as Python gave it: an int or a str. A str is kept as its
+/// UTF-8 bytes, encoded with `surrogatepass` so that every Python str (even
+/// one holding a lone surrogate, which is not valid UTF-8) is a key.
 #[derive(Clone, Debug)]
 enum Key {
     Int(i64),
-    Str(Box<str>),
+    Str(Box<[u8]>),
 }
 
 enum KeyRef<'a> {
     Int(i64),
-    Str(&'a str),
+    Str(Cow<'a, [u8]>),
+}
+
+/// The key bytes of a str: borrowed UTF-8 when it is valid Unicode, else
+/// `str.encode(s, "utf-8", "surrogatepass")` (lone surrogates).
+fn str_key<'a>(s: &'a Bound<'_, PyString>) -> Result<Cow<'a, [u8]>> {
+    if let Ok(t) = s.to_str() {
+        return Ok(Cow::Borrowed(t.as_bytes()));
+    }
+    let py = s.py();
+    let b = py
+        .get_type::<PyString>()
+        .call_method1("encode", (s, "utf-8", "surrogatepass"))?;
+    Ok(Cow::Owned(
+        b.cast::<PyBytes>()
+            .map_err(PyErr::from)?
+            .as_bytes()
+            .to_vec(),
+    ))
+}
+
+/// The Python str of key bytes made by [`str_key`].
+fn str_of<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match std::str::from_utf8(b) {
+        Ok(t) => Ok(PyString::new(py, t).into_any()),
+        Err(_) => PyBytes::new(py, b).call_method1("decode", ("utf-8", "surrogatepass")),
+    }
+}
+
+/// Whether the type of `obj` defines the special method `name` (an
+/// exception raised *by* such a method is the caller's and propagates).
+fn has_special(obj: &Bound<'_, PyAny>, name: &str) -> bool {
+    obj.get_type().hasattr(name).unwrap_or(false)
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -73,14 +110,36 @@ fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
     }
     let idx = if obj.is_instance_of::<PyInt>() {
         obj.clone()
+    } else if has_special(obj, "__index__") {
+        // an exception raised inside `__index__` is the caller's: propagate it
+        obj.call_method0("__index__")?
     } else {
-        match obj.call_method0("__index__") {
-            Ok(i) => i,
-            Err(_) => return Err(type_error(what, "an int", obj)),
-        }
+        return Err(type_error(what, "an int", obj));
     };
     idx.extract::<i128>()
         .map_err(|_| invalid(format!("{what} {} is out of range", repr(obj))))
+}
+
+/// [`int_arg`] for an argument whose every value out of i64 is refused the
+/// same way: saturated to i128's range, with the int's own text to name it.
+fn int_arg_sat(what: &str, obj: &Bound<'_, PyAny>) -> Result<(i128, String)> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(what, "an int", obj));
+    }
+    let idx = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else if has_special(obj, "__index__") {
+        obj.call_method0("__index__")?
+    } else {
+        return Err(type_error(what, "an int", obj));
+    };
+    let text = idx.str().map(|s| s.to_string()).unwrap_or_default();
+    let v = match idx.extract::<i128>() {
+        Ok(v) => v,
+        Err(_) if idx.gt(0)? => i128::MAX,
+        Err(_) => i128::MIN,
+    };
+    Ok((v, text))
 }
 
 fn request_id_arg(obj: &Bound<'_, PyAny>) -> Result<u64> {
@@ -95,7 +154,7 @@ fn i64_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i64> {
 
 fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(KeyRef::Str(s.to_str()?));
+        return Ok(KeyRef::Str(str_key(s)?));
     }
     if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
         let v: i128 = obj.extract()?;
@@ -106,48 +165,33 @@ fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
     Err(type_error("client", "an int or a str", obj))
 }
 
+/// A real-number argument. The rule (the same in `vtc.reference`): an int
+/// (never a bool), a float, or any other `numbers.Real` (`Fraction`, numpy
+/// floats and ints) is converted with `float()`; anything else (`Decimal`,
+/// str, None) is a TypeError. An int too large for a float is a value error
+/// (InvalidArgumentError naming it), not a type error.
 fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
+    if let Ok(f) = obj.cast_exact::<PyFloat>() {
+        return Ok(f.value());
+    }
     if obj.is_instance_of::<PyBool>() {
         return Err(type_error(what, "a number", obj));
     }
-    obj.extract::<f64>()
-        .map_err(|_| type_error(what, "a number", obj))
-}
-
-/// A sequence of integers that is not a u64/i64/i32 numpy array (those are
-/// [`Ints::new`]'s): a list (read directly) or any iterable of ints; another
-/// numpy array is a TypeError naming its shape and dtype.
-fn int_vec(what: &str, obj: &Bound<'_, PyAny>) -> Result<Vec<i128>> {
-    if let Ok(list) = obj.cast_exact::<PyList>() {
-        // The common case from Python: a list of ints (one C call per item).
-        let mut out = Vec::with_capacity(list.len());
-        for item in list.iter() {
-            let v = match item.cast_exact::<PyInt>() {
-                Ok(i) => match i.extract::<i64>() {
-                    Ok(v) => i128::from(v),
-                    Err(_) => int_arg(what, &item)?,
-                },
-                Err(_) => int_arg(what, &item)?,
-            };
-            out.push(v);
+    let real = obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() || {
+        let py = obj.py();
+        let real = py.import("numbers")?.getattr("Real")?;
+        obj.is_instance(&real)?
+    };
+    if !real {
+        return Err(type_error(what, "a number", obj));
+    }
+    obj.extract::<f64>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            invalid(format!("{what} {} is out of range", repr(obj)))
+        } else {
+            Error::Py(e)
         }
-        return Ok(out);
-    }
-    if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
-        return Err(Error::Py(PyTypeError::new_err(format!(
-            "{what} must be a 1-d integer array, got a {}-d array of dtype {}",
-            a.ndim(),
-            a.dtype()
-        ))));
-    }
-    let iter = obj
-        .try_iter()
-        .map_err(|_| type_error(what, "a sequence of ints", obj))?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
-    for item in iter {
-        out.push(int_arg(what, &item?)?);
-    }
-    Ok(out)
+    })
 }
 
 /// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
@@ -199,7 +243,7 @@ fn output_attr<'py>(
 struct Inner {
     core: vtc_core::Scheduler,
     ints: HashMap<i64, u32>,
-    strs: HashMap<Box<str>, u32>,
+    strs: HashMap<Box<[u8]>, u32>,
     /// Key of each client id; `None` for ids the core forgot (free for reuse).
     keys: Vec<Option<Key>>,
     /// Reused copies of a batch call's numpy arguments (no allocation per step).
@@ -214,53 +258,165 @@ struct Scratch {
     tokens: Vec<i64>,
 }
 
-/// A batch argument as given: a 1-d numpy array of a common integer dtype
-/// (copied into [`Scratch`] under the lock, running no Python code), or
-/// anything else, converted to a fresh vector before the lock is taken (that
-/// conversion may run Python code, e.g. `__index__`, which could call back in).
+/// The items of a list, tuple or other iterable argument, read with bounded
+/// memory: never allocated from a `__len__` (which may lie), and an iterable
+/// other than a list or tuple is read up to a limit the caller derives from
+/// the scheduler (a batch longer than that is an error whatever it holds).
+struct Read {
+    /// The values, up to the first item that is not an int (in i128).
+    vals: Vec<i128>,
+    /// That item's position and error, raised in position order (see
+    /// `decode`): a later check of an earlier item may win.
+    err: Option<(usize, Error)>,
+    /// How many items were read (those after `err` are counted, not converted).
+    len: usize,
+    /// There are more than `len` items (only an iterable is cut short).
+    more: bool,
+}
+
+impl Read {
+    fn empty() -> Self {
+        Read {
+            vals: Vec::new(),
+            err: None,
+            len: 0,
+            more: false,
+        }
+    }
+
+    fn push(&mut self, what: &str, item: &Bound<'_, PyAny>) {
+        if self.err.is_none() {
+            // the common case first: an exact int that fits in i64
+            let v = match item.cast_exact::<PyInt>().map(|i| i.extract::<i64>()) {
+                Ok(Ok(v)) => Ok(i128::from(v)),
+                _ => int_arg(what, item),
+            };
+            match v {
+                Ok(v) => self.vals.push(v),
+                Err(e) => self.err = Some((self.len, e)),
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Read `obj`: a list or tuple whole, any other iterable up to `limit`
+    /// items. An exception raised by the iterator itself propagates.
+    fn new(what: &str, obj: &Bound<'_, PyAny>, limit: usize) -> Result<Self> {
+        let mut r = Read::empty();
+        if let Ok(list) = obj.cast_exact::<PyList>() {
+            r.vals.reserve(list.len()); // a list's length is its real one
+            for item in list.iter() {
+                r.push(what, &item);
+            }
+            return Ok(r);
+        }
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            r.vals.reserve(t.len());
+            for item in t.iter() {
+                r.push(what, &item);
+            }
+            return Ok(r);
+        }
+        let iter = obj
+            .try_iter()
+            .map_err(|_| type_error(what, "a sequence of ints", obj))?;
+        for item in iter {
+            let item = item?;
+            if r.len == limit {
+                r.more = true;
+                break;
+            }
+            r.push(what, &item);
+        }
+        Ok(r)
+    }
+}
+
+/// A batch argument as given: a 1-d numpy array of an integer dtype (copied
+/// into [`Scratch`] under the lock, running no Python code; dtypes other
+/// than u64/i64/i32 in native byte order are converted by numpy first), or
+/// anything else, read into a [`Read`] before the lock is taken (that may
+/// run Python code, e.g. `__index__`, which could call back in).
 enum Ints<'py> {
     U64(PyReadonlyArray1<'py, u64>),
     I64(PyReadonlyArray1<'py, i64>),
     I32(PyReadonlyArray1<'py, i32>),
-    Other(Vec<i128>),
+    Other(Read),
 }
 
 impl<'py> Ints<'py> {
-    fn new(what: &str, obj: &Bound<'py, PyAny>) -> Result<Self> {
+    fn new(what: &str, obj: &Bound<'py, PyAny>, limit: usize) -> Result<Self> {
         if obj.is_exact_instance_of::<PyList>() {
             // the common case: skip the numpy attempts (each builds an error)
-            return Ok(Ints::Other(int_vec(what, obj)?));
+            return Ok(Ints::Other(Read::new(what, obj, limit)?));
         }
-        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
-            return Ok(Ints::U64(a));
+        if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
+            if a.ndim() == 1 {
+                if a.len() == 0 {
+                    return Ok(Ints::Other(Read::empty())); // of any dtype
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
+                    return Ok(Ints::U64(a));
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
+                    return Ok(Ints::I64(a));
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
+                    return Ok(Ints::I32(a));
+                }
+                match a.dtype().kind() {
+                    // other widths and byte orders: a native 64-bit copy
+                    b'i' => {
+                        let c = obj.call_method1("astype", ("int64",))?;
+                        return Ok(Ints::I64(c.extract()?));
+                    }
+                    b'u' => {
+                        let c = obj.call_method1("astype", ("uint64",))?;
+                        return Ok(Ints::U64(c.extract()?));
+                    }
+                    _ => {} // bool, float, object: item by item (a TypeError in place)
+                }
+            } else {
+                return Err(Error::Py(PyTypeError::new_err(format!(
+                    "{what} must be a 1-d integer array, got a {}-d array of dtype {}",
+                    a.ndim(),
+                    a.dtype()
+                ))));
+            }
         }
-        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
-            return Ok(Ints::I64(a));
-        }
-        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
-            return Ok(Ints::I32(a));
-        }
-        Ok(Ints::Other(int_vec(what, obj)?))
+        Ok(Ints::Other(Read::new(what, obj, limit)?))
     }
 
+    /// Items read (for an array, its length).
     fn len(&self) -> usize {
         match self {
             Ints::U64(a) => a.len(),
             Ints::I64(a) => a.len(),
             Ints::I32(a) => a.len(),
-            Ints::Other(v) => v.len(),
+            Ints::Other(r) => r.len,
         }
     }
 
-    /// Replace `out`'s contents with the values, each checked by `conv`.
-    fn copy_into<T: Copy>(&self, out: &mut Vec<T>, conv: impl Fn(i128) -> Result<T>) -> Result<()> {
+    /// More items than read (an iterable cut at its limit).
+    fn more(&self) -> bool {
+        matches!(self, Ints::Other(r) if r.more)
+    }
+
+    /// Replace `out`'s contents with the values, each converted by `conv`,
+    /// up to the first one that fails (to convert, or to be read): returns
+    /// its position and error.
+    fn copy_into<T: Copy>(
+        &mut self,
+        out: &mut Vec<T>,
+        conv: impl Fn(i128) -> Result<T>,
+    ) -> Option<(usize, Error)> {
         out.clear();
-        out.reserve(self.len());
-        let mut push = |x: i128| -> Result<()> {
-            out.push(conv(x)?);
+        let mut push = |x: i128| -> std::result::Result<(), (usize, Error)> {
+            let i = out.len();
+            out.push(conv(x).map_err(|e| (i, e))?);
             Ok(())
         };
-        match self {
+        let r = match self {
             Ints::U64(a) => match a.as_slice() {
                 Ok(xs) => xs.iter().try_for_each(|&x| push(x as i128)),
                 Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
@@ -270,8 +426,15 @@ impl<'py> Ints<'py> {
                 Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
             },
             Ints::I32(a) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
-            Ints::Other(v) => v.iter().try_for_each(|&x| push(x)),
-        }
+            Ints::Other(r) => match r.vals.iter().try_for_each(|&x| push(x)) {
+                Ok(()) => match r.err.take() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            },
+        };
+        r.err()
     }
 }
 
@@ -280,14 +443,23 @@ fn rid_of(v: i128) -> Result<u64> {
 }
 
 fn tokens_of(v: i128) -> Result<i64> {
-    i64::try_from(v).map_err(|_| invalid(format!("tokens {v} does not fit in 64 bits")))
+    i64::try_from(v).map_err(|_| {
+        if v < 0 {
+            invalid(format!("tokens must be >= 0, got {v}"))
+        } else {
+            invalid(format!(
+                "tokens {v} exceeds {}",
+                vtc_core::MAX_TOKENS_PER_CALL
+            ))
+        }
+    })
 }
 
 impl Inner {
     fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
         match k {
             KeyRef::Int(i) => self.ints.get(i),
-            KeyRef::Str(s) => self.strs.get(*s),
+            KeyRef::Str(s) => self.strs.get(s.as_ref()),
         }
         .map(|&c| ClientId(c))
     }
@@ -303,8 +475,9 @@ impl Inner {
                 Key::Int(*i)
             }
             KeyRef::Str(s) => {
-                self.strs.insert((*s).into(), c.0);
-                Key::Str((*s).into())
+                let b: Box<[u8]> = s.as_ref().into();
+                self.strs.insert(b.clone(), c.0);
+                Key::Str(b)
             }
         };
         let id = c.0 as usize;
@@ -335,7 +508,7 @@ fn encode_key(k: &Key) -> Vec<u8> {
         }
         Key::Str(s) => {
             let mut v = vec![1u8];
-            v.extend_from_slice(s.as_bytes());
+            v.extend_from_slice(s);
             v
         }
     }
@@ -344,7 +517,7 @@ fn encode_key(k: &Key) -> Vec<u8> {
 fn decode_key(raw: &[u8]) -> Option<Key> {
     match raw.split_first()? {
         (0, rest) => Some(Key::Int(i64::from_le_bytes(rest.try_into().ok()?))),
-        (1, rest) => Some(Key::Str(std::str::from_utf8(rest).ok()?.into())),
+        (1, rest) => Some(Key::Str(rest.into())),
         _ => None,
     }
 }
@@ -352,7 +525,7 @@ fn decode_key(raw: &[u8]) -> Option<Key> {
 fn key_to_py<'py>(py: Python<'py>, k: &Key) -> PyResult<Bound<'py, PyAny>> {
     Ok(match k {
         Key::Int(i) => i.into_pyobject(py)?.into_any(),
-        Key::Str(s) => PyString::new(py, s).into_any(),
+        Key::Str(s) => str_of(py, s)?,
     })
 }
 
@@ -608,11 +781,18 @@ fn cost_repr(cost: Cost) -> String {
 /// (0, 1] (`floor(fraction * M)` tokens, at least 1).
 fn client_cap_arg(obj: &Bound<'_, PyAny>, m: i64) -> Result<u64> {
     if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        let v = i64_arg("client_cap", obj)?;
-        if v < 1 {
-            return Err(CoreError::InvalidClientCap(v).into());
-        }
-        return Ok(v as u64);
+        // any positive int: the core clamps a cap above M to M
+        return match obj.extract::<i128>() {
+            Ok(v) if v >= 1 => Ok(u64::try_from(v).unwrap_or(u64::MAX)),
+            Ok(v) => Err(invalid(format!(
+                "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {v}"
+            ))),
+            Err(_) if obj.gt(0)? => Ok(u64::MAX),
+            Err(_) => Err(invalid(format!(
+                "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {}",
+                repr(obj)
+            ))),
+        };
     }
     let f = float_arg("client_cap", obj)?;
     if !(f > 0.0 && f <= 1.0) {
@@ -825,7 +1005,7 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.policy().name())
     }
     #[getter]
-    fn occupancy(&self, py: Python<'_>) -> Result<u64> {
+    fn occupancy(&self, py: Python<'_>) -> Result<u128> {
         Ok(self.lock(py)?.core.occupancy())
     }
     #[getter]
@@ -849,7 +1029,7 @@ impl PyScheduler {
     ) -> Result<()> {
         let key = client_arg(client)?;
         let w = float_arg("weight", weight)?;
-        if !(w.is_finite() && w > 0.0) {
+        if !vtc_core::limits::weight_ok(w) {
             return Err(CoreError::InvalidWeight(w).into());
         }
         let mut g = self.lock(py)?;
@@ -866,7 +1046,7 @@ impl PyScheduler {
     ) -> Result<()> {
         let key = client_arg(client)?;
         let v = float_arg("value", value)?;
-        if !v.is_finite() {
+        if !(v.is_finite() && v.abs() <= vtc_core::limits::MAX_COUNTER) {
             return Err(CoreError::InvalidCounter(v).into());
         }
         let mut g = self.lock(py)?;
@@ -963,32 +1143,100 @@ impl PyScheduler {
             drop(g);
             return Ok(PyList::new(py, preempted)?);
         };
-        let ids = Ints::new("request_ids", ids)?;
+        // A list or tuple is read whole; another iterable only up to one
+        // more id than there are running requests (more is an error anyway).
+        let limit = if ids.is_exact_instance_of::<PyList>() || ids.is_exact_instance_of::<PyTuple>()
+        {
+            usize::MAX
+        } else {
+            self.lock(py)?.core.num_running().saturating_add(1)
+        };
+        let mut ids = Ints::new("request_ids", ids, limit)?;
         enum Toks<'py> {
-            Each(i64),
+            Each(Result<i64>),
             Per(Ints<'py>),
         }
-        let toks = match tokens {
-            None => Toks::Each(1),
+        let mut toks = match tokens {
+            None => Toks::Each(Ok(1)),
             Some(t) if t.is_instance_of::<PyInt>() && !t.is_instance_of::<PyBool>() => {
-                Toks::Each(i64_arg("tokens", t)?)
+                Toks::Each(int_arg("tokens", t).and_then(tokens_of))
             }
-            Some(t) => Toks::Per(Ints::new("tokens", t)?),
+            Some(t) => Toks::Per(Ints::new("tokens", t, ids.len())?),
         };
         let mut g = self.lock(py)?;
         let inner = &mut *g;
         let scratch = &mut inner.scratch;
-        ids.copy_into(&mut scratch.ids, rid_of)?;
-        let tokens = match &toks {
-            Toks::Each(t) => Tokens::Each(*t),
+        let id_err = ids.copy_into(&mut scratch.ids, rid_of);
+        // The order of checks (the same in `vtc.reference`): the lengths;
+        // then position by position: the id (type, range, known, running),
+        // a duplicate, the token count (type, range). Conversion errors
+        // found while reading are raised at their position, after the core
+        // has checked the positions before it.
+        let (tok_err, each) = match &mut toks {
+            Toks::Each(Ok(t)) => (None, Some(*t)),
+            Toks::Each(Err(_)) if ids.len() == 0 && !ids.more() => return Ok(PyList::empty(py)),
+            Toks::Each(e) => {
+                let e = std::mem::replace(e, Ok(0)).expect_err("an error");
+                (Some((0, e)), Some(0))
+            }
             Toks::Per(per) => {
-                per.copy_into(&mut scratch.tokens, tokens_of)?;
-                Tokens::PerRequest(&scratch.tokens)
+                if per.len() != ids.len() || per.more() != ids.more() {
+                    let n = |x: &Ints<'_>| {
+                        if x.more() {
+                            format!("more than {}", x.len())
+                        } else {
+                            x.len().to_string()
+                        }
+                    };
+                    return Err(invalid(format!(
+                        "request_ids and tokens differ in length: {} != {}",
+                        n(&ids),
+                        n(per)
+                    )));
+                }
+                (per.copy_into(&mut scratch.tokens, tokens_of), None)
             }
         };
-        decode_batch(py, &mut inner.core, &scratch.ids, tokens)?;
+        fn per(each: Option<i64>, t: &[i64]) -> Tokens<'_> {
+            match each {
+                Some(e) => Tokens::Each(e),
+                None => Tokens::PerRequest(t),
+            }
+        }
+        if id_err.is_none() && tok_err.is_none() && !ids.more() {
+            decode_batch(
+                py,
+                &mut inner.core,
+                &scratch.ids,
+                per(each, &scratch.tokens),
+            )?;
+            drop(g);
+            return Ok(PyList::empty(py));
+        }
+        let id_at = id_err.as_ref().map_or(usize::MAX, |e| e.0);
+        let tok_at = tok_err.as_ref().map_or(usize::MAX, |e| e.0);
+        let (n, deferred) = if id_at <= tok_at && id_err.is_some() {
+            (id_at, id_err.map(|e| e.1))
+        } else if let Some((p, e)) = tok_err {
+            // the id at `p` is checked before its token count
+            if each.is_none() {
+                scratch.tokens.truncate(p);
+                scratch.tokens.push(0);
+            }
+            (p + 1, Some(e))
+        } else {
+            (ids.len(), None) // cut short: an error lies within the ids read
+        };
+        let n = n.min(scratch.ids.len());
+        let t = &scratch.tokens[..if each.is_none() { n } else { 0 }];
+        inner.core.check_decode(&scratch.ids[..n], per(each, t))?;
         drop(g);
-        Ok(PyList::empty(py))
+        Err(deferred.unwrap_or_else(|| {
+            invalid(format!(
+                "request_ids has more than {} items, more than there are running requests",
+                ids.len()
+            ))
+        }))
     }
 
     /// Engine form of `decode` that reads an engine step's output objects
@@ -1019,9 +1267,16 @@ impl PyScheduler {
         let consult = !(hashed && request_ids.is_empty());
         let id_name = PyString::intern(py, id_attr);
         let tokens_name = PyString::intern(py, tokens_attr);
-        let cap = outputs.len().unwrap_or(0);
-        let mut rids: Vec<u64> = Vec::with_capacity(cap);
-        let mut toks: Vec<i64> = Vec::with_capacity(cap);
+        // Never sized from `len(outputs)` (it may lie); an iterable other
+        // than a list is read up to one more output than there are running
+        // requests (more is an error whatever they hold).
+        let limit = if outputs.is_exact_instance_of::<PyList>() {
+            usize::MAX
+        } else {
+            self.lock(py)?.core.num_running().saturating_add(1)
+        };
+        let mut rids: Vec<u64> = Vec::new();
+        let mut toks: Vec<i64> = Vec::new();
         // Everything that may run Python code (attribute getters, __len__,
         // __hash__) happens here, before the lock is taken.
         let mut read = |i: usize, out: Bound<'_, PyAny>| -> Result<()> {
@@ -1048,13 +1303,14 @@ impl PyScheduler {
             let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
                 i64_arg(tokens_attr, n.as_any())?
             } else {
-                let len = produced.len().map_err(|_| {
-                    type_error(
+                if !has_special(&produced, "__len__") {
+                    return Err(type_error(
                         &format!("outputs[{i}].{tokens_attr}"),
                         "a sized container or an int",
                         &produced,
-                    )
-                })?;
+                    ));
+                }
+                let len = produced.len()?; // an error raised by __len__ propagates
                 i64::try_from(len).map_err(|_| invalid(format!("{len} tokens do not fit")))?
             };
             rids.push(rid);
@@ -1070,7 +1326,15 @@ impl PyScheduler {
                 .try_iter()
                 .map_err(|_| type_error("outputs", "an iterable of output objects", outputs))?;
             for (i, out) in iter.enumerate() {
-                read(i, out?)?;
+                let out = out?;
+                if i == limit {
+                    let mut g = self.lock(py)?;
+                    g.core.check_decode(&rids, Tokens::PerRequest(&toks))?;
+                    return Err(invalid(format!(
+                        "outputs has more than {limit} items, more than there are running requests"
+                    )));
+                }
+                read(i, out)?;
             }
         }
         let mut g = self.lock(py)?;
@@ -1101,8 +1365,25 @@ impl PyScheduler {
 
     #[pyo3(signature = (cached_len = None))]
     fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
-        let cached = cached_len.map(|c| i64_arg("cached_len", c)).transpose()?;
-        Ok(self.lock(py)?.core.pop_cached(cached)?)
+        // As in `vtc.reference`, `cached_len` is checked only when there is
+        // a request to pop: on an empty queue any argument returns None.
+        let cached = cached_len.map(|c| int_arg_sat("cached_len", c));
+        let mut g = self.lock(py)?;
+        if g.core.peek().is_none() {
+            return Ok(None);
+        }
+        let Some((v, int)) = cached.transpose()? else {
+            return Ok(g.core.pop_cached(None)?);
+        };
+        // A value outside i64 is outside [0, prompt_len] too: the core
+        // rejects its clamped stand-in, and the message names the real one.
+        let clamped = i64::try_from(v).unwrap_or(if v < 0 { -1 } else { i64::MAX });
+        g.core.pop_cached(Some(clamped)).map_err(|e| match e {
+            CoreError::InvalidCached { prompt_len, .. } if i128::from(clamped) != v => invalid(
+                format!("cached_len must be between 0 and prompt_len={prompt_len}, got {int}"),
+            ),
+            e => e.into(),
+        })
     }
 
     fn status(
@@ -1207,11 +1488,20 @@ impl PyScheduler {
                     .parse()?,
             ),
         };
-        let bytes: Vec<u8> = data
-            .cast::<PyBytes>()
-            .map(|b| b.as_bytes().to_vec())
-            .or_else(|_| data.extract::<Vec<u8>>())
-            .map_err(|_| type_error("data", "bytes", data))?;
+        // Only buffers: their size is real (a sequence's `__len__` may lie).
+        let bytes: Vec<u8> = if let Ok(b) = data.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if let Ok(b) = data.cast::<PyByteArray>() {
+            b.to_vec()
+        } else if data.is_instance_of::<PyMemoryView>() {
+            let b = data.call_method0("tobytes")?;
+            b.cast::<PyBytes>()
+                .map_err(PyErr::from)?
+                .as_bytes()
+                .to_vec()
+        } else {
+            return Err(type_error("data", "bytes, bytearray or memoryview", data));
+        };
         let mut restored = py.detach(|| vtc_core::Scheduler::restore(&bytes))?;
         if let Some(cost) = cost {
             restored.scheduler.set_cost(cost)?;
@@ -1234,6 +1524,7 @@ impl PyScheduler {
         };
         for (i, raw) in restored.keys.iter().enumerate() {
             let key = decode_key(raw)
+                .filter(|k| key_to_py(py, k).is_ok())
                 .ok_or_else(|| CoreError::BadSnapshot(format!("client {i} has a malformed key")))?;
             let dup = match &key {
                 Key::Int(v) => inner.ints.insert(*v, i as u32).is_some(),
