@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
 
-.PHONY: run test test-core dev lint bench clean test-vllm system-deps
+.PHONY: run test test-core dev lint bench clean test-vllm system-deps test-loaded
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ test-core: system-deps dev
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
 	cargo clippy -p vtc-core -p vtc-python --all-targets -- -D warnings
+
+## test-loaded: a test target (LOADED, default test) while busy loops keep every core
+## busy: a test that waits for a fixed time instead of a condition fails here
+LOADED ?= test
+test-loaded:
+	scripts/with-load.sh $(MAKE) $(LOADED)
 
 ## lint: ruff and clippy only
 lint: dev

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import multiprocessing as mp
+import time
 from typing import Any
 
 import vtc
@@ -35,6 +36,7 @@ def run(
     stop: Any = None,
     liveness_ms: int = 10_000,
     barrier: Any = None,
+    health: Any = None,
 ) -> None:
     """Serve this replica's requests for ``steps`` steps (or until ``stop``), then report.
 
@@ -45,6 +47,9 @@ def run(
     waits for the others after each sync interval, as replicas of equal speed
     would be. Without it, on a loaded machine one process can run far ahead of
     the others, and the counters it pulls then describe the past.
+    ``health`` (two shared longs) is kept at ``[degraded steps, successful
+    syncs]`` after every step, so a test can wait for a fault to be seen and
+    for reconciliation instead of sleeping.
     """
     reqs = requests_for(idx, replicas)
     s = vtc.Scheduler(M, 1.0, 2.0, "vtc")
@@ -90,6 +95,8 @@ def run(
         if shared is not None:
             shared.on_step(s)
             degraded_steps += shared.degraded
+            if health is not None:
+                health[0], health[1] = degraded_steps, shared.stats.syncs
         if barrier is not None and t % sync_interval == sync_interval - 1:
             barrier.wait(timeout=60)  # raises (the process fails) rather than hang
         if progress is not None:
@@ -97,7 +104,14 @@ def run(
         if svc is not None:
             for c in range(TENANTS):
                 svc[c] = s.service(c)
-    final_ok = shared.sync(s) if shared is not None else None
+    final_ok = None
+    if shared is not None:
+        # the store's 50 ms timeout can expire on a busy machine: retry for a while
+        deadline = time.monotonic() + 30
+        final_ok = shared.sync(s)
+        while not final_ok and time.monotonic() < deadline:
+            time.sleep(0.02)
+            final_ok = shared.sync(s)
     assert finished + s.num_waiting + s.num_running == nxt, "a request was dropped"
     out.put(
         {
