@@ -113,6 +113,11 @@ def test_from_snapshot_takes_only_buffers():
 # -- 2. occupancy never wraps ------------------------------------------------
 
 
+def test_the_largest_budget_is_exported_and_agrees_with_the_reference():
+    assert vtc.MAX_BUDGET == _core.MAX_BUDGET == ref.MAX_BUDGET == 2**53
+    assert vtc.Scheduler(vtc.MAX_BUDGET).M == vtc.MAX_BUDGET
+
+
 @pytest.mark.parametrize("cls", BOTH)
 def test_budget_is_bounded_so_occupancy_cannot_wrap(cls):
     with pytest.raises(vtc.InvalidArgumentError, match=str(2**63 - 1)):

@@ -12,6 +12,7 @@ workloads on top of it.
 """
 
 from vtc._core import (
+    MAX_BUDGET,
     MAX_TOKENS_PER_CALL,
     SNAPSHOT_VERSION,
     ContextCost,
@@ -35,6 +36,7 @@ from vtc.errors import (
 POLICIES = ("vtc", "lcf", "fcfs")
 
 __all__ = [
+    "MAX_BUDGET",
     "MAX_TOKENS_PER_CALL",
     "SNAPSHOT_VERSION",
     "POLICIES",

@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 __version__: str
 MAX_TOKENS_PER_CALL: int
+MAX_BUDGET: int  # the largest M (2**53): every token count stays exact in a float
 SNAPSHOT_VERSION: int
 
 def key_id(key: Hashable, /) -> int:

@@ -51,7 +51,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vtc import InvalidArgumentError, RequestStateError, Scheduler, UnknownRequestError
+from vtc import (
+    MAX_BUDGET,
+    InvalidArgumentError,
+    RequestStateError,
+    Scheduler,
+    UnknownRequestError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +73,7 @@ DEFAULT_TENANT = "default"
 MAX_TENANT_LEN = 256
 #: KV budget given to the core. SGLang owns memory (``pop`` does no KV check),
 #: so the core's budget only has to admit any prompt.
-ENGINE_M = 2**62
+ENGINE_M = MAX_BUDGET
 
 _Req = Any  # sglang.srt.managers.schedule_batch.Req (not imported at module import time)
 

@@ -1609,6 +1609,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(ty.name()?.to_string().as_str(), ty)?;
     }
     m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
+    m.add("MAX_BUDGET", vtc_core::MAX_BUDGET)?;
     m.add("SNAPSHOT_VERSION", vtc_core::SNAPSHOT_VERSION)?;
     Ok(())
 }
