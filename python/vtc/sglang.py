@@ -31,10 +31,13 @@ next choice right after the last admitted request, and refuse any other
 request (no skipping), so the requests SGLang admits are exactly the
 sequence ``pop()`` would give.
 
-Tenant of a request: ``sampling_params.custom_params[VTC_TENANT_KEY]``
-(default key ``"tenant"``), else ``routing_key``, else ``lora_id``, else
-:data:`DEFAULT_TENANT`. A malformed tenant value is the default tenant, never
-an error. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"``. Idle tenants whose
+Tenant of a request: the first of ``sampling_params.custom_params[VTC_TENANT_KEY]``
+(default key ``"tenant"``), ``routing_key`` and ``lora_id`` that names a
+tenant, else :data:`DEFAULT_TENANT`; a malformed value is treated as absent,
+never an error. Weights (``VTC_WEIGHTS="gold=2,free=0.5"``, ``VTC_WEIGHTS_FILE``),
+prices (``VTC_WP``, ``VTC_WQ``) and the tenant rule are those of
+:mod:`vtc.config`, shared with vLLM; a malformed value stops the server when
+the plugin loads, with a message naming it. Idle tenants whose
 state can no longer affect a decision are forgotten every
 :data:`FORGET_EVERY` arrivals (``vtc.Scheduler.forget_idle``), so memory
 follows the live tenants, not every tenant ever seen.
@@ -46,8 +49,6 @@ prefill/decode modes the plugin leaves SGLang's own order in place.
 from __future__ import annotations
 
 import logging
-import math
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -58,19 +59,12 @@ from vtc import (
     Scheduler,
     UnknownRequestError,
 )
+from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
 
 logger = logging.getLogger(__name__)
 
-TENANT_KEY_ENV = "VTC_TENANT_KEY"
-WEIGHTS_ENV = "VTC_WEIGHTS"
-#: Distinct tenants tracked before new names are billed to the default tenant
-#: (the core keeps every client it has seen; tenant names come from callers).
 FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
-DEFAULT_TENANT_KEY = "tenant"
-DEFAULT_TENANT = "default"
-#: Longest tenant name accepted; a longer one is malformed (default tenant).
-MAX_TENANT_LEN = 256
 #: KV budget given to the core. SGLang owns memory (``pop`` does no KV check),
 #: so the core's budget only has to admit any prompt.
 ENGINE_M = MAX_BUDGET
@@ -78,62 +72,25 @@ ENGINE_M = MAX_BUDGET
 _Req = Any  # sglang.srt.managers.schedule_batch.Req (not imported at module import time)
 
 
-# -- configuration ------------------------------------------------------------------------
-
-
-def parse_weights(spec: str | None) -> dict[str, float]:
-    """Parse ``"a=2,b=1.5"`` into ``{"a": 2.0, "b": 1.5}``.
-
-    Malformed entries (no ``=``, empty tenant, a weight that is not a positive
-    finite number) are logged and skipped; they never stop the server.
-    """
-    weights: dict[str, float] = {}
-    if not spec:
-        return weights
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        tenant, sep, value = item.partition("=")
-        tenant = tenant.strip()
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not sep or not tenant or not (math.isfinite(weight) and weight > 0.0):
-            logger.warning("vtc: ignoring malformed %s entry %r", WEIGHTS_ENV, item)
-            continue
-        weights[tenant] = weight
-    return weights
-
-
-def _clean_tenant(value: object) -> str:
-    """A tenant name from a caller-supplied value; anything malformed is the default."""
-    if isinstance(value, bool):
-        return DEFAULT_TENANT
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_LEN:
-        return value
-    return DEFAULT_TENANT
+# -- tenancy ------------------------------------------------------------------------------
 
 
 def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
     """The tenant a request is billed to.
 
-    ``sampling_params.custom_params[key]`` when present (a non-empty str of at
-    most :data:`MAX_TENANT_LEN` characters, or an int); a present but malformed
-    value is :data:`DEFAULT_TENANT`. Without it: ``routing_key``, then
-    ``lora_id``, then :data:`DEFAULT_TENANT`. Never raises.
+    The first of ``sampling_params.custom_params[key]``, ``routing_key`` and
+    ``lora_id`` that names a tenant (:func:`vtc.config.first_tenant`: a non-empty
+    str of at most :data:`vtc.config.MAX_TENANT_LEN` characters, or an int; anything else
+    is treated as absent), else :data:`DEFAULT_TENANT`. Never raises.
     """
     try:
         params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-        if isinstance(params, Mapping) and params.get(key) is not None:
-            return _clean_tenant(params[key])
-        for attr in ("routing_key", "lora_id"):
-            value = getattr(req, attr, None)
-            if value is not None:
-                return _clean_tenant(value)
+        fields = (
+            params.get(key) if isinstance(params, Mapping) else None,
+            getattr(req, "routing_key", None),
+            getattr(req, "lora_id", None),
+        )
+        return first_tenant(fields) or DEFAULT_TENANT
     except Exception:  # a hostile custom_params mapping must not drop the request
         logger.debug("vtc: could not read the tenant of a request", exc_info=True)
     return DEFAULT_TENANT
@@ -171,10 +128,10 @@ class VtcState:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VtcState:
-        """Build from ``VTC_TENANT_KEY`` and ``VTC_WEIGHTS``."""
-        env = os.environ if environ is None else environ
-        key = env.get(TENANT_KEY_ENV, "").strip() or DEFAULT_TENANT_KEY
-        return cls(tenant_key=key, weights=parse_weights(env.get(WEIGHTS_ENV)))
+        """Build from the ``VTC_*`` variables (:class:`vtc.config.EngineConfig`:
+        tenant key, weights, token prices); a malformed one raises ``ConfigError``."""
+        config = EngineConfig.from_env(environ)
+        return cls(tenant_key=config.tenant_key, weights=config.weights, wp=config.wp, wq=config.wq)
 
     # -- lookups ------------------------------------------------------------------------
 

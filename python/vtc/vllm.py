@@ -46,6 +46,8 @@ request is never refused for its tenant. Ints and their decimal strings name
 the same tenant. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"`` and/or a JSON object
 in the file named by ``VTC_WEIGHTS_FILE`` (the variable wins on a clash).
 ``VTC_WP``/``VTC_WQ`` set the prompt/generated token prices (default 1 and 2).
+Every variable and the tenant rule are those of :mod:`vtc.config`, shared with
+SGLang; a malformed value stops the server with a message naming it.
 The tenant field is chosen by the caller: set or overwrite it at a trusted
 gateway.
 
@@ -60,12 +62,10 @@ tokens each tenant got (:class:`TenantTrace`), which
 from __future__ import annotations
 
 import json
-import math
 import operator
-import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -76,6 +76,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
+from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
     "AsyncVTCScheduler",
@@ -90,10 +91,8 @@ __all__ = [
 
 logger = init_logger("vllm.vtc")
 
-DEFAULT_TENANT = "default"
 FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
-MAX_TENANT_LEN = 128
 
 _WAITING = "waiting"  # waiting in the core, visible in the queue
 _PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
@@ -103,121 +102,26 @@ _REQUEST_ID = operator.attrgetter("request_id")
 _NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
 
 
-def _valid_tenant(value: Any) -> str | None:
-    """``value`` as a tenant name, or None if it cannot name one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        value = str(value)
-    if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_LEN:
-        return value
-    return None
-
-
-def resolve_tenant(request: Request, key: str = "tenant") -> str | None:
+def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | None:
     """The tenant a request names: ``extra_args[key]``, else its LoRA adapter's name.
 
-    Returns None when neither names a valid tenant (the caller uses the default
+    Returns None when neither names a tenant (:func:`vtc.config.first_tenant`:
+    a malformed value is treated as absent; the caller uses the default
     tenant). Never raises on a malformed request.
     """
     params = request.sampling_params
     extra = getattr(params, "extra_args", None) if params is not None else None
-    if isinstance(extra, dict):
-        tenant = _valid_tenant(extra.get(key))
-        if tenant is not None:
-            return tenant
     lora = request.lora_request
-    if lora is not None:
-        return _valid_tenant(getattr(lora, "lora_name", None))
-    return None
-
-
-def _check_weight(tenant: str, weight: Any) -> float:
-    if isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
-        raise ValueError(f"VTC weight of tenant {tenant!r} is not a number: {weight!r}")
-    try:
-        w = float(weight)
-    except ValueError:
-        raise ValueError(f"VTC weight of tenant {tenant!r} is not a number: {weight!r}") from None
-    if not (math.isfinite(w) and w > 0):
-        raise ValueError(f"VTC weight of tenant {tenant!r} must be positive: {weight!r}")
-    return w
-
-
-def parse_weights(text: str) -> dict[str, float]:
-    """Parse ``"a=2,b=1.5"`` into ``{"a": 2.0, "b": 1.5}`` (ValueError if malformed)."""
-    weights: dict[str, float] = {}
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, value = item.rpartition("=")
-        tenant = _valid_tenant(name.strip())
-        if not sep or tenant is None:
-            raise ValueError(f"VTC_WEIGHTS entry {item!r} is not TENANT=WEIGHT")
-        weights[tenant] = _check_weight(tenant, value.strip())
-    return weights
-
-
-def _load_weights_file(path: str) -> dict[str, float]:
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: VTC weights must be a JSON object of tenant: weight")
-    weights: dict[str, float] = {}
-    for name, value in data.items():
-        tenant = _valid_tenant(name)
-        if tenant is None:
-            raise ValueError(f"{path}: {name!r} is not a valid tenant name")
-        weights[tenant] = _check_weight(tenant, value)
-    return weights
-
-
-def _env_float(environ: Mapping[str, str], name: str, default: float) -> float:
-    text = environ.get(name)
-    if text is None or not text.strip():
-        return default
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
-    return value
-
-
-@dataclass
-class VTCConfig:
-    """How requests map to tenants and what a token costs (see the module docstring)."""
-
-    tenant_key: str = "tenant"
-    default_tenant: str = DEFAULT_TENANT
-    weights: dict[str, float] = field(default_factory=dict)
-    wp: float = 1.0
-    wq: float = 2.0
-    max_tenants: int = 10_000
-    log_interval: float = 10.0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> VTCConfig:
-        """Read ``VTC_TENANT_KEY``, ``VTC_WEIGHTS_FILE``, ``VTC_WEIGHTS``, ``VTC_WP``,
-        ``VTC_WQ``, ``VTC_MAX_TENANTS`` and ``VTC_LOG_INTERVAL`` (seconds between
-        counter log lines, 0 for none). A malformed value raises ValueError."""
-        env = os.environ if environ is None else environ
-        weights: dict[str, float] = {}
-        path = env.get("VTC_WEIGHTS_FILE", "").strip()
-        if path:
-            weights.update(_load_weights_file(path))
-        weights.update(parse_weights(env.get("VTC_WEIGHTS", "")))
-        key = env.get("VTC_TENANT_KEY", "").strip() or "tenant"
-        max_tenants = int(env.get("VTC_MAX_TENANTS", "").strip() or 10_000)
-        if max_tenants < 1:
-            raise ValueError(f"VTC_MAX_TENANTS must be >= 1, got {max_tenants}")
-        return cls(
-            tenant_key=key,
-            weights=weights,
-            wp=_env_float(env, "VTC_WP", 1.0),
-            wq=_env_float(env, "VTC_WQ", 2.0),
-            max_tenants=max_tenants,
-            log_interval=_env_float(env, "VTC_LOG_INTERVAL", 10.0),
+    return first_tenant(
+        (
+            extra.get(key) if isinstance(extra, dict) else None,
+            getattr(lora, "lora_name", None) if lora is not None else None,
         )
+    )
+
+
+VTCConfig = EngineConfig
+"""The integration's settings: :class:`vtc.config.EngineConfig` (kept under this name)."""
 
 
 @dataclass(eq=False)
@@ -548,12 +452,11 @@ class TenantTrace:
         self._last = 0.0
 
     @classmethod
-    def from_env(cls) -> TenantTrace | None:
-        """The trace ``VTC_TRACE_FILE`` asks for, or None."""
-        path = os.environ.get("VTC_TRACE_FILE", "").strip()
-        if not path:
+    def from_config(cls, config: EngineConfig) -> TenantTrace | None:
+        """The trace ``VTC_TRACE_FILE`` asks for (every ``VTC_TRACE_INTERVAL`` s), or None."""
+        if config.trace_file is None:
             return None
-        return cls(path, _env_float(os.environ, "VTC_TRACE_INTERVAL", 0.1))
+        return cls(config.trace_file, config.trace_interval)
 
     def add(self, tenant: str, tokens: int) -> None:
         """``tenant`` got ``tokens`` more generated tokens."""
@@ -597,7 +500,7 @@ class _VTCMixin:
         self._vtc_warned_full = False
         self._vtc_warned_aside = False
         self._vtc_last_log = time.monotonic()
-        self._vtc_trace = TenantTrace.from_env()
+        self._vtc_trace = TenantTrace.from_config(config)
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):
@@ -732,7 +635,7 @@ class TenantTracingScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trace_config = VTCConfig.from_env()
-        self._trace = TenantTrace.from_env()
+        self._trace = TenantTrace.from_config(self._trace_config)
         self._tenant_of: dict[str, str] = {}
 
     def add_request(self, request: Request) -> None:

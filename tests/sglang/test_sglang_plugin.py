@@ -14,6 +14,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
+import vtc.config as vc
 import vtc.sglang as vs
 
 
@@ -236,8 +237,9 @@ def test_request_that_bypassed_the_arrival_hook_is_still_scheduled() -> None:
         ({"tenant": ""}, vs.DEFAULT_TENANT),
         ({"tenant": True}, vs.DEFAULT_TENANT),
         ({"tenant": {"nested": 1}}, vs.DEFAULT_TENANT),
-        ({"tenant": ["x"], "routing_key": "rk"}, vs.DEFAULT_TENANT),
-        ({"tenant": "x" * (vs.MAX_TENANT_LEN + 1)}, vs.DEFAULT_TENANT),
+        ({"tenant": ["x"], "routing_key": "rk"}, "rk"),  # malformed: treated as absent
+        ({"tenant": "x" * (vc.MAX_TENANT_LEN + 1)}, vs.DEFAULT_TENANT),
+        ({"tenant": "x" * vc.MAX_TENANT_LEN}, "x" * vc.MAX_TENANT_LEN),
     ],
 )
 def test_tenant_of_a_request(kwargs: dict, tenant: str) -> None:
@@ -252,14 +254,28 @@ def test_malformed_tenant_is_served_as_the_default_tenant() -> None:
     assert core().counter(vs.DEFAULT_TENANT) == 8.0
 
 
-def test_tenant_key_and_weights_from_the_environment() -> None:
+def test_tenant_key_weights_and_prices_from_the_environment() -> None:
     state = vs.VtcState.from_env(
-        {"VTC_TENANT_KEY": "org", "VTC_WEIGHTS": "gold=2, free=0.5,bad,neg=-1,nan=nan,=3"}
+        {"VTC_TENANT_KEY": "org", "VTC_WEIGHTS": "gold=2, free=0.5", "VTC_WQ": "3"}
     )
     assert state.tenant(make_req(custom_params={"org": "gold", "tenant": "x"})) == "gold"
     assert state.core.weight("gold") == 2.0 and state.core.weight("free") == 0.5
-    assert state.core.weight("neg") == 1.0 and set(state.core.clients()) == {"gold", "free"}
-    assert vs.parse_weights(None) == {} and vs.parse_weights("a=1=2") == {}
+    assert set(state.core.clients()) == {"gold", "free"}
+    assert (state.core.wp, state.core.wq) == (1.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    "env", [{"VTC_WEIGHTS": "gold=2,bad"}, {"VTC_WEIGHTS": "neg=-1"}, {"VTC_WP": "abc"}]
+)
+def test_malformed_configuration_stops_the_plugin_at_registration(env, monkeypatch) -> None:
+    """The same rule as vLLM (vtc.config): never skipped, named in the error.
+    ``register()`` builds the state (``get_state()``) before it hooks anything."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    vs.reset_state(None)
+    with pytest.raises(vc.ConfigError, match=next(iter(env))):
+        vs.get_state()
+    vs.reset_state(vs.VtcState())
 
 
 def test_weighted_tenant_gets_its_share() -> None:

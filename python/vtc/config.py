@@ -1,0 +1,283 @@
+"""Configuration and tenancy shared by the engine integrations (vLLM and SGLang).
+
+Every ``VTC_*`` variable the engine shells read is parsed here, once, by one
+rule: an unset or empty (all-whitespace) variable takes its default; any other
+value must be well formed, or :class:`ConfigError` names the variable, the
+value and what is allowed. Nothing is skipped silently. Importable and
+testable without either engine installed.
+
+=====================  ==========================================================
+variable               meaning (default)
+=====================  ==========================================================
+``VTC_TENANT_KEY``     request field that names the tenant (``tenant``)
+``VTC_WEIGHTS``        ``TENANT=WEIGHT`` entries separated by ``,`` (none)
+``VTC_WEIGHTS_FILE``   path of a JSON object ``{tenant: weight}``; an entry of
+                       ``VTC_WEIGHTS`` wins over the file's for the same tenant
+``VTC_WP``             price of a prompt token (1), in [0, 1e9]
+``VTC_WQ``             price of a generated token (2), in [0, 1e9]; not both 0
+``VTC_MAX_TENANTS``    active tenants tracked before new ones share the default
+                       tenant (10000; vLLM)
+``VTC_LOG_INTERVAL``   seconds between tenant log lines, 0 for none (10; vLLM)
+``VTC_TRACE_FILE``     JSON-lines tenant trace to append to (none; vLLM)
+``VTC_TRACE_INTERVAL`` seconds between trace records (0.1; vLLM)
+=====================  ==========================================================
+
+Weights are checked by the core's own rule (a finite number in [1e-6, 1e6]).
+Shared counters (``VTC_REDIS_*``) are read by :func:`vtc.distributed.from_env`.
+
+Tenancy, the same in both engines: a tenant is named by a non-empty ``str`` of
+at most :data:`MAX_TENANT_LEN` characters, or by an ``int`` (never a ``bool``),
+which names the same tenant as its decimal string. Each engine looks at a few
+request fields in a fixed order (see its module); the first that names a
+tenant decides, a field holding anything else is treated as absent, and a
+request naming none is billed to :data:`DEFAULT_TENANT`. A request is never
+refused for its tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vtc._core import Scheduler
+from vtc.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "DEFAULT_TENANT_KEY",
+    "MAX_TENANT_LEN",
+    "VARIABLES",
+    "ConfigError",
+    "EngineConfig",
+    "first_tenant",
+    "parse_weights",
+    "tenant_name",
+]
+
+DEFAULT_TENANT = "default"
+DEFAULT_TENANT_KEY = "tenant"
+#: Longest tenant name; a longer value does not name a tenant.
+MAX_TENANT_LEN = 128
+
+#: Every variable :meth:`EngineConfig.from_env` reads.
+VARIABLES = (
+    "VTC_TENANT_KEY",
+    "VTC_WEIGHTS",
+    "VTC_WEIGHTS_FILE",
+    "VTC_WP",
+    "VTC_WQ",
+    "VTC_MAX_TENANTS",
+    "VTC_LOG_INTERVAL",
+    "VTC_TRACE_FILE",
+    "VTC_TRACE_INTERVAL",
+)
+
+
+class ConfigError(ValueError):
+    """A malformed ``VTC_*`` setting; the message names it, its value and what is allowed."""
+
+
+# -- tenancy -----------------------------------------------------------------------------
+
+
+def tenant_name(value: Any) -> str | None:
+    """``value`` as a tenant name, or None if it cannot name one (see the module doc)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= MAX_TENANT_LEN:
+        return value
+    return None
+
+
+def first_tenant(values: Iterable[Any]) -> str | None:
+    """The first of ``values`` (request fields, in the engine's order) that names a
+    tenant; None if none does. Anything that cannot name one is skipped."""
+    for value in values:
+        name = tenant_name(value)
+        if name is not None:
+            return name
+    return None
+
+
+# -- values ------------------------------------------------------------------------------
+
+
+def _check_weight(where: str, tenant: str, weight: float, shown: Any) -> float:
+    try:
+        Scheduler(1).set_weight(tenant, weight)  # the core's rule, not a copy of it
+    except InvalidArgumentError as e:
+        raise ConfigError(f"{where}: weight of tenant {tenant!r} is {shown!r}: {e}") from None
+    return weight
+
+
+def parse_weights(text: str | None, variable: str = "VTC_WEIGHTS") -> dict[str, float]:
+    """Parse ``"gold=2, free=0.5"`` into ``{"gold": 2.0, "free": 0.5}``.
+
+    Entries are separated by ``,``; blanks around names and values and empty
+    entries are ignored. A tenant named twice, a name that is not a tenant
+    (empty, too long) or holds ``=``, and a weight outside the core's range
+    raise :class:`ConfigError` naming ``variable`` and the entry. (A tenant
+    whose name holds ``=`` or ``,`` is weighted in ``VTC_WEIGHTS_FILE``.)
+    """
+    weights: dict[str, float] = {}
+    form = "entries are TENANT=WEIGHT separated by ','"
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        where = f"{variable} entry {item!r}"
+        if not sep:
+            raise ConfigError(f"{where} has no '=': {form}")
+        tenant = tenant_name(name)
+        if tenant is None:
+            raise ConfigError(
+                f"{where}: {name!r} is not a tenant name (1 to {MAX_TENANT_LEN} characters)"
+            )
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: weight {value!r} is not a number; {form}") from None
+        if tenant in weights:
+            raise ConfigError(f"{where}: tenant {tenant!r} is given twice in {variable}")
+        weights[tenant] = _check_weight(variable, tenant, weight, value)
+    return weights
+
+
+def _load_weights_file(path: str) -> dict[str, float]:
+    where = f"VTC_WEIGHTS_FILE {path!r}"
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise ConfigError(f"{where}: tenant {k!r} is given twice")
+            out[k] = v
+        return out
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f, object_pairs_hook=pairs)
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where} is not UTF-8 text: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{where} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            'expected an object of tenant: weight, e.g. {"gold": 2, "free": 0.5}'
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{where} holds a JSON {type(data).__name__}; expected an object of tenant: weight"
+        )
+    weights: dict[str, float] = {}
+    for name, value in data.items():
+        tenant = tenant_name(name)
+        if tenant is None:
+            raise ConfigError(
+                f"{where}: {name!r} is not a tenant name (1 to {MAX_TENANT_LEN} characters)"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: weight of tenant {tenant!r} is {value!r}, not a number")
+        try:
+            weight = float(value)
+        except OverflowError:
+            weight = math.inf
+        weights[tenant] = _check_weight(where, tenant, weight, value)
+    return weights
+
+
+def _text(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value stripped, or None when it is unset or blank."""
+    text = env.get(name)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
+def _number(env: Mapping[str, str], name: str, default: float, maximum: float = math.inf) -> float:
+    text = _text(env, name)
+    if text is None:
+        return default
+    allowed = f"a number in [0, {maximum:g}]" if maximum < math.inf else "a finite number >= 0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number; expected {allowed}") from None
+    if not (math.isfinite(value) and 0.0 <= value <= maximum):
+        raise ConfigError(f"{name}={text!r} is out of range; expected {allowed}")
+    return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int) -> int:
+    text = _text(env, name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not an integer; expected an integer >= 1") from None
+    if value < 1:
+        raise ConfigError(f"{name}={text!r} is out of range; expected an integer >= 1")
+    return value
+
+
+MAX_PRICE = 1e9  # the core's limit on wp and wq (rust/core/src/limits.rs)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Tenancy, prices and observation settings of an engine integration."""
+
+    tenant_key: str = DEFAULT_TENANT_KEY
+    default_tenant: str = DEFAULT_TENANT
+    weights: Mapping[str, float] = field(default_factory=dict)
+    wp: float = 1.0
+    wq: float = 2.0
+    max_tenants: int = 10_000
+    log_interval: float = 10.0
+    trace_file: str | None = None
+    trace_interval: float = 0.1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineConfig:
+        """Read every variable of :data:`VARIABLES` (the table in the module doc).
+
+        Raises :class:`ConfigError` for the first malformed one.
+        """
+        env = os.environ if environ is None else environ
+        weights: dict[str, float] = {}
+        path = _text(env, "VTC_WEIGHTS_FILE")
+        if path is not None:
+            weights.update(_load_weights_file(path))
+        weights.update(parse_weights(env.get("VTC_WEIGHTS")))
+        wp = _number(env, "VTC_WP", 1.0, MAX_PRICE)
+        wq = _number(env, "VTC_WQ", 2.0, MAX_PRICE)
+        if wp == 0.0 and wq == 0.0:
+            raise ConfigError(
+                "VTC_WP and VTC_WQ are both 0: every token would be free and VTC would "
+                "order requests first come, first served; set at least one above 0"
+            )
+        return cls(
+            tenant_key=_text(env, "VTC_TENANT_KEY") or DEFAULT_TENANT_KEY,
+            weights=weights,
+            wp=wp,
+            wq=wq,
+            max_tenants=_count(env, "VTC_MAX_TENANTS", 10_000),
+            log_interval=_number(env, "VTC_LOG_INTERVAL", 10.0),
+            trace_file=_text(env, "VTC_TRACE_FILE"),
+            trace_interval=_number(env, "VTC_TRACE_INTERVAL", 0.1),
+        )
+
+    def tenant(self, values: Iterable[Any]) -> str:
+        """The tenant of a request whose tenant fields hold ``values``, in order."""
+        name = first_tenant(values)
+        return self.default_tenant if name is None else name
