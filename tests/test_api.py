@@ -9,6 +9,7 @@ import pytest
 
 import vtc
 from helpers import run_engine, state
+from vtc import reference
 
 
 def test_import_and_defaults():
@@ -373,3 +374,57 @@ def test_threads_submitting_while_engine_schedules():
     assert not eng.is_alive()
     assert results == [n_threads * per_thread]  # nothing lost or duplicated
     s._check_invariants()
+
+
+# -- set aside and put back (issue 26, step 2) -----------------------------------------
+
+
+@pytest.mark.parametrize("cls", [vtc.Scheduler, reference.Scheduler])
+def test_a_request_set_aside_and_put_back_changes_no_counter(cls):
+    """An engine pops a request, skips it and puts it back: no charge, no lift,
+    same place; admitted for real later, it is charged once."""
+    s = cls(1000, wp=1.0, wq=2.0)
+    s.submit(1, "a", 10)
+    s.submit(2, "b", 20)
+    s.schedule()  # counters a 10, b 20
+    s.submit(3, "a", 40)  # a returns, lifted to the floor (b last left: 20)
+    s.submit(4, "b", 50)
+    s.raise_counter("b", 100.0)
+    before = s.counters()
+    assert s.peek() == 3
+    assert s.set_aside() == 3  # a has nothing else waiting: it leaves the backlog
+    assert s.status(3) == "aside"
+    assert (s.num_waiting, s.num_running, s.occupancy) == (1, 2, 30)
+    assert s.peek() == 4
+    s.submit(5, "c", 5)  # a tenant arriving meanwhile is lifted as usual (to b's 100)
+    s.put_back(3)
+    assert s.status(3) == "waiting"
+    assert {k: v for k, v in s.counters().items() if k != "c"} == before  # a not lifted
+    assert s.peek() == 3  # back in its place
+    assert s.pop(cached_len=10) == 3  # admitted for real: its prompt minus the hit
+    assert s.counter("a") == before["a"] + 30.0
+
+
+@pytest.mark.parametrize("cls", [vtc.Scheduler, reference.Scheduler])
+def test_put_back_restores_order_and_checks_state(cls):
+    s = cls(1000)
+    for rid in (1, 2, 3):
+        s.submit(rid, "a", 5)
+    assert [s.set_aside() for _ in range(2)] == [1, 2]
+    with pytest.raises(vtc.RequestStateError, match="cannot finish request 1: it is set aside"):
+        s.finish(1)
+    for rid in (2, 1):  # latest first: the order is restored
+        s.put_back(rid)
+    assert [s.pop() for _ in range(3)] == [1, 2, 3]
+    assert s.service("a") == 15.0
+    with pytest.raises(vtc.RequestStateError, match="put back request 1: it is running"):
+        s.put_back(1)
+    s.submit(9, "a", 5)
+    with pytest.raises(vtc.RequestStateError, match="put back request 9: it is waiting"):
+        s.put_back(9)
+    with pytest.raises(vtc.UnknownRequestError):
+        s.put_back(77)
+    assert s.set_aside() == 9
+    s.cancel(9)  # a request set aside can be dropped
+    assert s.status(9) is None and s.set_aside() is None
+    assert s.num_waiting == 0

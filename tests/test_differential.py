@@ -64,8 +64,11 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
     if r < 0.82:
         return "cancel", (rng.choice(known) if known else 999_999,)
     if r < 0.86:
-        return "preempt", (rng.choice(known) if known else 999_999,)
+        op = "put_back" if rng.random() < 0.4 else "preempt"
+        return op, (rng.choice(known) if known else 999_999,)
     if r < 0.89:
+        if rng.random() < 0.3:  # an engine skips the request it popped
+            return "set_aside", ()
         if rng.random() < 0.4:
             return "pop", (rng.randint(-1, 50),)
         return "pop", ()

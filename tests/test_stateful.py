@@ -19,7 +19,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         super().__init__()
         self.M = 64
         self.s = vtc.Scheduler(M=self.M, wp=1.0, wq=2.0)
-        self.model: dict[int, str] = {}  # live request -> "waiting" | "running"
+        self.model: dict[int, str] = {}  # live request -> "waiting" | "running" | "aside"
         self.ended: set[int] = set()
         self.next_rid = 0
         self.prev: dict = {}
@@ -59,7 +59,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def end_one(self, data):
         rid = data.draw(st.sampled_from(sorted(self.model)))
-        if self.model[rid] == "running" and data.draw(st.booleans()):
+        if self.model[rid] == "running" and data.draw(st.booleans()):  # else cancel (any state)
             self.s.finish(rid)
         else:
             self.s.cancel(rid)
@@ -72,6 +72,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(r for r, v in self.model.items() if v == "running")))
         self.s.preempt(rid)
         self.model[rid] = "waiting"
+
+    @rule()
+    def set_aside(self):
+        before = self.s.counters()
+        rid = self.s.set_aside()
+        if rid is None:
+            assert "waiting" not in self.model.values()
+            return
+        assert self.model[rid] == "waiting"
+        self.model[rid] = "aside"
+        assert self.s.counters() == before  # nothing charged
+
+    @precondition(lambda self: "aside" in self.model.values())
+    @rule(data=st.data())
+    def put_back(self, data):
+        rid = data.draw(st.sampled_from(sorted(r for r, v in self.model.items() if v == "aside")))
+        before = self.s.counters()
+        self.s.put_back(rid)
+        self.model[rid] = "waiting"
+        assert self.s.counters() == before  # nothing charged, no lift
 
     @precondition(lambda self: self.ended)
     @rule(data=st.data())

@@ -15,9 +15,10 @@ use vtc_core::{ClientId, CoreError, Policy, RequestState, Scheduler, Tokens};
 enum St {
     Waiting,
     Running,
+    Aside,
 }
 
-fn fingerprint(s: &Scheduler, clients: &[ClientId]) -> (u64, usize, usize, Vec<(u64, u64)>) {
+fn fingerprint(s: &Scheduler, clients: &[ClientId]) -> (u128, usize, usize, Vec<(u64, u64)>) {
     let cs = clients
         .iter()
         .filter_map(|&c| s.client(c).ok())
@@ -78,10 +79,19 @@ fuzz_target!(|data: &[u8]| {
             }
             8 => s.finish(rid).inspect(|_| assert_eq!(model.remove(&rid), Some(St::Running))),
             9 => s.cancel(rid).inspect(|_| assert!(model.remove(&rid).is_some())),
-            10 => s.preempt(rid).inspect(|_| {
+            10 if b(1) & 1 == 0 => s.preempt(rid).inspect(|_| {
                 assert_eq!(model.insert(rid, St::Waiting), Some(St::Running));
             }),
+            10 => s.put_back(rid).inspect(|_| {
+                assert_eq!(model.insert(rid, St::Waiting), Some(St::Aside));
+            }),
             _ => match b(3) % 4 {
+                0 if b(1) & 1 == 0 => {
+                    if let Some(r) = s.set_aside() {
+                        assert_eq!(model.insert(r, St::Aside), Some(St::Waiting));
+                    }
+                    Ok(())
+                }
                 0 => {
                     if let Some(r) = s.pop() {
                         engine_mode = true;
@@ -110,10 +120,15 @@ fuzz_target!(|data: &[u8]| {
         }
         s.check_invariants().unwrap();
         for (&r, &st) in &model {
-            let want = if st == St::Waiting { RequestState::Waiting } else { RequestState::Running };
+            let want = match st {
+                St::Waiting => RequestState::Waiting,
+                St::Running => RequestState::Running,
+                St::Aside => RequestState::Aside,
+            };
             assert_eq!(s.status(r), Some(want), "request {r}");
         }
-        assert_eq!(s.num_waiting() + s.num_running(), model.len());
+        let aside = model.values().filter(|&&st| st == St::Aside).count();
+        assert_eq!(s.num_waiting() + s.num_running() + aside, model.len());
         if !engine_mode {
             assert!(s.occupancy() <= budget as u128);
         }

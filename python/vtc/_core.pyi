@@ -258,7 +258,15 @@ class Scheduler:
         ``cached_len``, when given, replaces the request's prefix-cache hit (known to
         the engine only at admission): only ``prompt_len - cached_len`` is charged.
         """
-    def status(self, request_id: int) -> Literal["waiting", "running"] | None:
+    def set_aside(self) -> int | None:
+        """Engine mode: take the request ``peek()`` names out of its client's queue
+        without admitting or charging it (the engine popped it and skips it for now);
+        its status is ``"aside"`` until ``put_back``. None if nothing waits."""
+    def put_back(self, request_id: int) -> None:
+        """Return a request ``set_aside`` took to the head of its client's queue, with
+        its place: nothing is charged and its client is not lifted (it was set aside,
+        not idle). ``RequestStateError`` if it is not set aside."""
+    def status(self, request_id: int) -> Literal["waiting", "running", "aside"] | None:
         """Where a request is; None once finished or cancelled (or never seen)."""
     def generated(self, request_id: int) -> int:
         """Tokens a live request has generated so far."""

@@ -28,7 +28,11 @@ The rules
   ``counter = max(counter, min counter over backlogged clients)``, or, when no
   client is backlogged, ``max(counter, counter of the client that most
   recently left the backlog)``.  A client leaves the backlog when its last
-  waiting request is admitted or cancelled.
+  waiting request is admitted, set aside or cancelled.
+* ``set_aside()`` takes the request ``peek()`` names out of its client's queue
+  without admitting or charging it (an engine skipped it); ``put_back(rid)``
+  returns it to the head of that queue with its submit seq and without a lift,
+  so no counter changes (its client was set aside, not idle).
 * ``decode()`` without arguments is one engine iteration: each running request
   generates one token.  If the batch would outgrow ``M``, running requests are
   preempted first, from the client with the largest counter (latest admission
@@ -198,6 +202,7 @@ class _Request:
     cached: int = 0
     generated: int = 0
     prefill_paid: bool = False
+    aside: bool = False  # taken out of its queue by set_aside, not yet put back
     running: bool = False
     admit_seq: int = 0
     predicted_given: int | None = None
@@ -349,7 +354,7 @@ class Scheduler:
         r = self._requests.get(_check_request_id(request_id))
         if r is None:
             return None
-        return "running" if r.running else "waiting"
+        return "running" if r.running else "aside" if r.aside else "waiting"
 
     def running(self) -> list[int]:
         return sorted(self._running, key=lambda rid: self._requests[rid].admit_seq)
@@ -516,6 +521,29 @@ class Scheduler:
             r.cached = cached
         return self._admit(k)
 
+    def set_aside(self) -> int | None:
+        """Take the request ``peek()`` names out of its client's queue: not admitted,
+        not charged, its place kept for ``put_back``."""
+        k = self._select()
+        if k is None:
+            return None
+        c = self._clients[k]
+        rid = c.queue.popleft()
+        self._requests[rid].aside = True
+        if not c.queue:
+            self._last_left = k  # it left the backlog, as an admission would
+        return rid
+
+    def put_back(self, request_id) -> None:
+        """Back to the head of its client's queue with its place; nothing charged and
+        no lift: it was set aside, not idle."""
+        r = self._get(request_id)
+        if not r.aside:
+            now = "running" if r.running else "waiting"
+            raise RequestStateError(f"cannot put back request {r.rid}: it is {now}, not set aside")
+        r.aside = False
+        self._clients[r.client].queue.appendleft(r.rid)
+
     def _get(self, rid) -> _Request:
         rid = _check_request_id(rid)
         r = self._requests.get(rid)
@@ -526,7 +554,8 @@ class Scheduler:
     def _get_running(self, rid, what: str) -> _Request:
         r = self._get(rid)
         if not r.running:
-            raise RequestStateError(f"cannot {what} request {r.rid}: it is waiting, not running")
+            now = "set aside" if r.aside else "waiting"
+            raise RequestStateError(f"cannot {what} request {r.rid}: it is {now}, not running")
         return r
 
     @staticmethod
@@ -673,6 +702,8 @@ class Scheduler:
             self._running.remove(r.rid)
             self.occupancy -= r.prompt + r.generated
             self._clients[r.client].occupancy -= r.prompt + r.generated
+        elif r.aside:
+            pass  # out of every queue already
         else:
             c = self._clients[r.client]
             c.queue.remove(r.rid)

@@ -26,9 +26,9 @@ Charging follows the engine, not the queue operations:
   and puts back. A pop is therefore provisional: it is settled at the next
   queue operation (or at the end of ``schedule()``), when vLLM has either made
   the request ``RUNNING`` (admitted: ``pop(cached_len=...)`` charges the prompt
-  minus its prefix-cache hit) or set it aside (the core drops it with
-  ``cancel``, which charges nothing, and it is submitted again when vLLM puts
-  it back; see :class:`VTCRequestQueue` for what that implies).
+  minus its prefix-cache hit) or set it aside (the core's ``set_aside`` takes
+  it out of its queue without charging it, and ``put_back`` returns it with
+  its place when vLLM puts it back).
 * **Decode**: in ``update_from_output()``, the tokens each request really
   produced in the step (several with speculative decoding), in one
   ``decode(ids, tokens)`` call.
@@ -97,7 +97,7 @@ FORGET_EVERY = 4096
 _WAITING = "waiting"  # waiting in the core, visible in the queue
 _PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
 _RUNNING = "running"  # admitted: running in the core
-_ASIDE = "aside"  # popped and skipped by vLLM this step: not in the core until put back
+_ASIDE = "aside"  # popped and skipped by vLLM this step: set aside in the core too
 _REQUEST_ID = operator.attrgetter("request_id")
 _NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
 
@@ -161,13 +161,12 @@ class VTCRequestQueue(RequestQueue):
 
     * admitted (vLLM made it RUNNING): ``pop(cached_len=...)``, charging the
       prompt tokens vLLM computes (its prefix-cache hit is free); once only.
-    * skipped (vLLM will put it back): ``cancel`` in the core, charging nothing,
-      so the next ``peek`` moves on. When vLLM puts it back
-      (``prepend_requests``) it is submitted again, in the order it was popped,
-      marked free of prefill charge if it had paid before. A re-submitted
-      request goes behind its tenant's other waiting requests, and a tenant
-      whose every waiting request was skipped is lifted to the floor like any
-      returning tenant: a blocked tenant banks no credit.
+    * skipped (vLLM will put it back): ``set_aside`` in the core, which
+      charges nothing, so the next ``peek`` moves on. When vLLM puts it back
+      (``prepend_requests``) the core's ``put_back`` returns it to the head of
+      its tenant's queue with its place: nothing charged, and its tenant is
+      not lifted (it was set aside, not idle), so a skipped tenant's counter
+      is exactly as before.
 
     ``prepend_request`` of a running request (vLLM's preemption) is the core's
     ``preempt``. ``remove_request(s)`` (aborts, stops) forget the request.
@@ -204,9 +203,7 @@ class VTCRequestQueue(RequestQueue):
         return entry
 
     def _submit(self, entry: _Entry) -> None:
-        # A request that paid already is submitted wholly cached: never charged again.
-        cached = entry.prompt_len if entry.paid else None
-        self.core.submit(entry.rid, entry.tenant, entry.prompt_len, cached_len=cached)
+        self.core.submit(entry.rid, entry.tenant, entry.prompt_len)
         entry.where = _WAITING
 
     def entry(self, request_id: str) -> _Entry | None:
@@ -238,7 +235,9 @@ class VTCRequestQueue(RequestQueue):
         self._pending = None
         request = entry.request
         if not _admitted(request):
-            self.core.cancel(entry.rid)
+            rid = self.core.set_aside()
+            if rid != entry.rid:  # pragma: no cover - would be a bug in this module
+                raise RuntimeError(f"VTC core set aside {rid}, vLLM skipped {entry.rid}")
             entry.where = _ASIDE
             self._aside_seq += 1
             entry.aside_seq = self._aside_seq
@@ -290,10 +289,12 @@ class VTCRequestQueue(RequestQueue):
         return entry.request
 
     def _put_back(self, entries: list[_Entry]) -> None:
-        aside = sorted((e for e in entries if e.where == _ASIDE), key=lambda e: e.aside_seq)
+        # Latest set aside first, so that the earliest ends up at the head.
+        aside = sorted((e for e in entries if e.where == _ASIDE), key=lambda e: -e.aside_seq)
         for entry in aside:
             del self._aside[entry.request.request_id]
-            self._submit(entry)
+            self.core.put_back(entry.rid)
+            entry.where = _WAITING
         # Preempt the latest first, so that the earliest ends up at the head.
         for entry in reversed([e for e in entries if e.where == _RUNNING]):
             self.core.preempt(entry.rid)
@@ -337,8 +338,9 @@ class VTCRequestQueue(RequestQueue):
             self._overrides.pop(request_id, None)
         if self._pending is entry:
             self._pending = None
-        if entry.where == _ASIDE:
+        if entry.where == _ASIDE:  # set aside in the core: nothing charged
             del self._aside[request_id]
+            self.core.cancel(entry.rid)
         elif entry.where == _RUNNING and finished:
             self.core.finish(entry.rid)
         else:  # waiting, pending (still waiting in the core) or running and aborted

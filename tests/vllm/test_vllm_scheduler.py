@@ -345,31 +345,63 @@ def test_provisional_pop_is_settled_by_what_vllm_did(model_dir: str) -> None:
     assert core.service("a") == 0.0 and len(q) == 2
     assert [r.request_id for r in q] == [b1.request_id, a2.request_id]
     q.prepend_requests(deque([a1]))  # put back at the end of vLLM's pass
-    assert len(q) == 3 and core.service("a") == 0.0
-    # b1 has the oldest head now; vLLM admits it with a 16-token prefix-cache hit.
-    assert q.pop_request() is b1
+    # nothing charged, nobody lifted, and a1 is back in its place
+    assert len(q) == 3 and core.counters() == {"a": 0.0, "b": 0.0}
+    assert q.peek_request() is a1  # the oldest head of two tenants at counter 0
+    assert q.pop_request() is a1
+    q.prepend_requests(deque([a1]))  # skipped again in the same pass: still free
+    assert core.counters() == {"a": 0.0, "b": 0.0}
+    assert q.pop_request() is a1  # vLLM admits it with a 4-token prefix-cache hit
+    a1.status = RequestStatus.RUNNING
+    a1.num_computed_tokens = 4
+    assert q.peek_request() is b1  # settled: admitted
+    assert core.service("a") == 10 - 4
+    assert q.pop_request() is b1  # admitted with a 16-token prefix-cache hit
     b1.status = RequestStatus.RUNNING
     b1.num_computed_tokens = 16
-    assert len(q) == 2  # settled: admitted
+    assert len(q) == 1  # settled: admitted
     assert core.service("b") == 30 - 16 and core.status(q.core_id(b1.request_id)) == "running"
     q.prepend_request(b1)  # preempted: back, never charged again
     assert core.status(q.core_id(b1.request_id)) == "waiting"
-    assert q.pop_request() is a2  # a (0) is behind b (14) now
+    assert q.pop_request() is a2  # a (6) is ahead of b (14)
     a2.status = RequestStatus.RUNNING
     q.settle()
-    assert core.service("a") == 20
+    assert core.service("a") == 6 + 20
     assert q.pop_request() is b1  # b1 comes back, recomputed from scratch
     b1.num_computed_tokens = 0
     q.settle()
     assert core.service("b") == 30 - 16
+    q.prepend_request(a1)  # preempted
     q.charge({b1.request_id: 3, a1.request_id: 2})  # a1 is waiting: owed, not charged yet
-    assert core.service("b") == 30 - 16 + 2 * 3 and core.service("a") == 20
+    assert core.service("b") == 30 - 16 + 2 * 3 and core.service("a") == 26
     assert q.pop_request() is a1
     a1.status = RequestStatus.RUNNING
     q.settle()
-    assert core.service("a") == 20 + 10 + 2 * 2  # owed tokens charged on admission
+    assert core.service("a") == 26 + 2 * 2  # owed tokens charged on re-admission, prompt not
     q.remove_requests([a1, b1, a2])
     assert q.tracked() == 0 and core.num_waiting == 0 and core.num_running == 0
+
+
+def test_a_skipped_tenant_keeps_its_counter_and_place() -> None:
+    """vLLM pops tenant a's only request and skips it while b is backlogged at a
+    higher counter: put back, a is neither charged nor lifted to b's counter (as
+    a re-submission would be), and it is still first in line."""
+    core = vtc.Scheduler(M=1000)
+    q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"])
+    b1, a1 = make_request("b", 30), make_request("a", 10)
+    q.add_request(b1)
+    q.add_request(a1)
+    core.raise_counter("b", 100.0)  # b was served more: a goes first
+    before = core.counters()
+    for _ in range(3):  # skipped in three passes
+        assert q.pop_request() is a1
+        q.prepend_requests(deque([a1]))
+        assert core.counters() == before
+        assert q.peek_request() is a1
+    assert q.pop_request() is a1
+    a1.status = RequestStatus.RUNNING
+    assert q.pop_request() is b1  # settles a1: admitted, charged its prompt once
+    assert core.service("a") == 10.0 and core.counter("a") == before["a"] + 10.0
 
 
 def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:

@@ -35,6 +35,8 @@ pub struct Client {
     pub(crate) n_waiting: usize,
     /// Requests of this client that are running.
     pub(crate) n_running: usize,
+    /// Requests of this client set aside (`Scheduler::set_aside`).
+    pub(crate) n_aside: usize,
     /// Submit sequence of the head request (valid while backlogged).
     pub(crate) head_seq: u64,
     /// Position in the backlog heap, or `NOT_IN_HEAP`.
@@ -62,6 +64,7 @@ impl Default for Client {
             queue: VecDeque::new(),
             n_waiting: 0,
             n_running: 0,
+            n_aside: 0,
             head_seq: 0,
             heap_pos: NOT_IN_HEAP,
             pending_tokens: 0,

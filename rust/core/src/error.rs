@@ -12,6 +12,24 @@ pub enum Op {
     Preempt,
 }
 
+/// Where a request is, for error messages (`RequestState` without `Running`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Where {
+    Waiting,
+    Running,
+    Aside,
+}
+
+impl fmt::Display for Where {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Where::Waiting => "waiting",
+            Where::Running => "running",
+            Where::Aside => "set aside",
+        })
+    }
+}
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -51,7 +69,9 @@ pub enum CoreError {
     /// A request id that is neither waiting nor running.
     UnknownRequest(u64),
     /// A request in the wrong state for the operation (e.g. finishing a waiting one).
-    NotRunning { request_id: u64, op: Op },
+    NotRunning { request_id: u64, op: Op, now: Where },
+    /// `put_back` of a request that was not set aside.
+    NotAside { request_id: u64, now: Where },
     /// The same request twice in one decode call.
     DuplicateInBatch(u64),
     /// `request_ids` and `tokens` of different lengths.
@@ -126,9 +146,13 @@ impl fmt::Display for CoreError {
             }
             DuplicateRequest(r) => write!(f, "request {r} is already live"),
             UnknownRequest(r) => write!(f, "unknown request {r}"),
-            NotRunning { request_id, op } => write!(
+            NotRunning { request_id, op, now } => write!(
                 f,
-                "cannot {op} request {request_id}: it is waiting, not running"
+                "cannot {op} request {request_id}: it is {now}, not running"
+            ),
+            NotAside { request_id, now } => write!(
+                f,
+                "cannot put back request {request_id}: it is {now}, not set aside"
             ),
             DuplicateInBatch(r) => write!(f, "request {r} appears twice in one decode call"),
             LengthMismatch { ids, tokens } => write!(

@@ -60,6 +60,9 @@ impl FromStr for Policy {
 pub enum RequestState {
     Waiting,
     Running,
+    /// Taken out of its client's queue by [`Scheduler::set_aside`], not yet
+    /// put back: neither waiting nor running, nothing charged.
+    Aside,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +70,19 @@ enum Slot {
     Free,
     Waiting,
     Running,
+    Aside,
+}
+
+impl Slot {
+    /// The state as error messages name it (never `Free`: that is "unknown").
+    fn now(self) -> crate::error::Where {
+        use crate::error::Where;
+        match self {
+            Slot::Waiting => Where::Waiting,
+            Slot::Running => Where::Running,
+            Slot::Aside | Slot::Free => Where::Aside,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -370,6 +386,7 @@ impl Scheduler {
             .map(|&s| match self.requests[s as usize].state {
                 Slot::Waiting => RequestState::Waiting,
                 Slot::Running => RequestState::Running,
+                Slot::Aside => RequestState::Aside,
                 Slot::Free => unreachable!("indexed request {rid} in a free slot"),
             })
     }
@@ -514,7 +531,11 @@ impl Scheduler {
         let start = out.len();
         let means = &mut self.means;
         for (i, cl) in self.clients.iter_mut().enumerate() {
-            let idle = cl.live && cl.n_waiting == 0 && cl.n_running == 0 && cl.weight == 1.0;
+            let idle = cl.live
+                && cl.n_waiting == 0
+                && cl.n_running == 0
+                && cl.n_aside == 0
+                && cl.weight == 1.0;
             if idle && cl.counter <= limit && self.last_left != Some(i as u32) {
                 *cl = Client {
                     live: false,
@@ -637,10 +658,12 @@ impl Scheduler {
         }
         // Not running: say whether it is unknown or in another state.
         let s = self.slot_of(rid)?;
-        if self.requests[s as usize].state != Slot::Running {
+        let state = self.requests[s as usize].state;
+        if state != Slot::Running {
             return Err(CoreError::NotRunning {
                 request_id: rid,
                 op,
+                now: state.now(),
             });
         }
         Ok(s)
@@ -1207,11 +1230,16 @@ impl Scheduler {
 
     fn preempt_slot(&mut self, s: u32) {
         self.remove_running(s);
+        // No lift: the client was being served, not idle.
+        self.requeue_front(s);
+    }
+
+    /// Put request slot `s` (not waiting) back at the head of its client's
+    /// queue with its original seq, ahead of the client's later requests.
+    fn requeue_front(&mut self, s: u32) {
         let r = &mut self.requests[s as usize];
         r.state = Slot::Waiting;
         let (c, seq) = (r.client, r.seq);
-        // Back to the head of its client's queue with its original seq. No
-        // lift: the client was being served, not idle.
         let cl = &mut self.clients[c as usize];
         cl.queue.push_front(QueueEntry { slot: s, seq });
         cl.head_seq = seq;
@@ -1233,6 +1261,65 @@ impl Scheduler {
     pub fn preempt(&mut self, rid: u64) -> Result<()> {
         let s = self.running_slot(rid, Op::Preempt)?;
         self.preempt_slot(s);
+        Ok(())
+    }
+
+    /*
+     * set_aside / put_back: an engine skips the request it popped.
+     *
+     * An engine that pops a request and then cannot serve it yet (vLLM: its
+     * grammar is still compiling, its LoRA adapter has no slot) sets it
+     * aside, and puts it back once it is done walking its queue. Set aside,
+     * the request is out of its client's queue (so `peek` moves on), neither
+     * waiting nor running, and nothing is charged. Put back, it returns to
+     * the head of its client's queue with its original submit seq (ahead of
+     * the client's later requests, and in the tie-break as if it had never
+     * left), and its client is not lifted, even when it had nothing else
+     * waiting: it was set aside, not idle, so no counter changes at all.
+     * (Cancel-and-resubmit would put it behind its client's later requests
+     * and lift the client to the floor.) Putting back several of one
+     * client's requests latest first restores their order.
+     */
+    /// Engine mode: take the request [`peek`](Self::peek) names out of its
+    /// client's queue without admitting or charging it (see above).
+    pub fn set_aside(&mut self) -> Option<u64> {
+        let (c, _) = self.heap.top()?;
+        let entry = self.clients[c as usize]
+            .queue
+            .pop_front()
+            .expect("backlogged client has a queue");
+        debug_assert!(self.entry_live(&entry));
+        let r = &mut self.requests[entry.slot as usize];
+        r.state = Slot::Aside;
+        let rid = r.rid;
+        self.num_waiting -= 1;
+        let cl = &mut self.clients[c as usize];
+        cl.n_waiting -= 1;
+        cl.n_aside += 1;
+        if cl.n_waiting == 0 {
+            self.leave_backlog(c);
+        } else {
+            self.clean_front(c);
+            self.adjust(c);
+        }
+        Some(rid)
+    }
+
+    /// Engine mode: return a request [`set_aside`](Self::set_aside) took to
+    /// the head of its client's queue, with its place, nothing charged and
+    /// no lift (see above).
+    pub fn put_back(&mut self, rid: u64) -> Result<()> {
+        let s = self.slot_of(rid)?;
+        let state = self.requests[s as usize].state;
+        if state != Slot::Aside {
+            return Err(CoreError::NotAside {
+                request_id: rid,
+                now: state.now(),
+            });
+        }
+        let c = self.requests[s as usize].client;
+        self.clients[c as usize].n_aside -= 1;
+        self.requeue_front(s);
         Ok(())
     }
 
@@ -1310,6 +1397,12 @@ impl Scheduler {
                     self.adjust(c);
                 }
             }
+            Slot::Aside => {
+                self.settle(s, false);
+                let c = self.requests[s as usize].client;
+                self.clients[c as usize].n_aside -= 1;
+                self.free_slot(s);
+            }
             Slot::Free => unreachable!("indexed request {rid} in a free slot"),
         }
         Ok(())
@@ -1346,6 +1439,10 @@ impl Scheduler {
             return Err("running index disagrees with the running list".into());
         }
         let mut waiting = 0usize;
+        let mut aside = vec![0usize; self.clients.len()];
+        for r in self.requests.iter().filter(|r| r.state == Slot::Aside) {
+            aside[r.client as usize] += 1;
+        }
         let mut running = vec![0usize; self.clients.len()];
         let mut occ_of = vec![0u128; self.clients.len()];
         for &s in &self.running {
@@ -1355,7 +1452,7 @@ impl Scheduler {
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {
-                if cl.n_waiting + cl.n_running != 0 || cl.heap_pos != NOT_IN_HEAP {
+                if cl.n_waiting + cl.n_running + cl.n_aside != 0 || cl.heap_pos != NOT_IN_HEAP {
                     return Err(format!("forgotten client {i} still has requests"));
                 }
                 continue;
@@ -1379,6 +1476,9 @@ impl Scheduler {
                     "client {i}: n_running {} != {}",
                     cl.n_running, running[i]
                 ));
+            }
+            if cl.n_aside != aside[i] {
+                return Err(format!("client {i}: n_aside {} != {}", cl.n_aside, aside[i]));
             }
             if cl.occupancy != occ_of[i] {
                 return Err(format!(

@@ -58,7 +58,7 @@ fn random_operations_keep_every_invariant() {
                         let r = live.swap_remove(rng.below(live.len() as u64) as usize);
                         match s.status(r) {
                             Some(RequestState::Running) => s.finish(r).unwrap(),
-                            Some(RequestState::Waiting) => s.cancel(r).unwrap(),
+                            Some(RequestState::Waiting | RequestState::Aside) => s.cancel(r).unwrap(),
                             None => {}
                         }
                     }
@@ -66,6 +66,10 @@ fn random_operations_keep_every_invariant() {
                         let r = live[rng.below(live.len() as u64) as usize];
                         if s.status(r) == Some(RequestState::Running) {
                             s.preempt(r).unwrap();
+                        } else if s.status(r) == Some(RequestState::Aside) {
+                            s.put_back(r).unwrap();
+                        } else if rng.below(2) == 0 {
+                            s.set_aside();
                         }
                     }
                     _ => {}
@@ -163,6 +167,38 @@ fn errors_leave_the_scheduler_unchanged() {
     assert_eq!(s.occupancy(), 50);
     assert_eq!(s.num_waiting(), 1);
     assert_eq!(s.counter(c[0]).unwrap(), 50.0);
+}
+
+#[test]
+fn put_back_returns_a_request_set_aside_unchanged() {
+    let (mut s, c) = sched(1000, Policy::Vtc);
+    s.submit(1, c[1], 30).unwrap();
+    s.submit(2, c[0], 10).unwrap();
+    s.submit(3, c[0], 20).unwrap();
+    s.raise_counter(c[1], 100.0).unwrap();
+    let before: Vec<f64> = c[..2].iter().map(|&k| s.counter(k).unwrap()).collect();
+    assert_eq!(s.set_aside(), Some(2));
+    assert_eq!(s.set_aside(), Some(3));
+    assert_eq!(s.status(2), Some(RequestState::Aside));
+    assert_eq!((s.num_waiting(), s.num_running(), s.occupancy()), (1, 0, 0));
+    assert_eq!(s.peek(), Some(1)); // client 0 has nothing waiting now
+    assert!(matches!(s.finish(2), Err(CoreError::NotRunning { .. })));
+    let mut gone = Vec::new();
+    s.forget_idle(&mut gone);
+    assert!(!gone.contains(&c[0])); // a client with a request set aside is not idle
+    s.put_back(3).unwrap();
+    s.put_back(2).unwrap();
+    let after: Vec<f64> = c[..2].iter().map(|&k| s.counter(k).unwrap()).collect();
+    assert_eq!(before, after); // nothing charged, no lift to client 1's 100
+    assert_eq!(s.peek(), Some(2)); // in its place, ahead of 3
+    assert!(matches!(s.put_back(2), Err(CoreError::NotAside { .. })));
+    assert_eq!(s.put_back(99), Err(CoreError::UnknownRequest(99)));
+    assert_eq!(s.pop_cached(Some(4)).unwrap(), Some(2));
+    assert_eq!(s.counter(c[0]).unwrap(), 6.0); // charged once, at the real admission
+    assert_eq!(s.set_aside(), Some(3));
+    s.cancel(3).unwrap();
+    assert_eq!(s.status(3), None);
+    s.check_invariants().unwrap();
 }
 
 #[test]

@@ -138,7 +138,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | UnknownClient(_) => Kind::InvalidArgument,
         DuplicateRequest(_) => Kind::DuplicateRequest,
         UnknownRequest(_) => Kind::UnknownRequest,
-        NotRunning { .. } => Kind::RequestState,
+        NotRunning { .. } | NotAside { .. } => Kind::RequestState,
         Capacity { .. } => Kind::Capacity,
         BadSnapshot(_) => Kind::Snapshot,
     }

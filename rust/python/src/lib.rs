@@ -1363,6 +1363,16 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.peek())
     }
 
+    fn set_aside(&self, py: Python<'_>) -> Result<Option<u64>> {
+        Ok(self.lock(py)?.core.set_aside())
+    }
+
+    fn put_back(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py)?.core.put_back(rid)?;
+        Ok(())
+    }
+
     #[pyo3(signature = (cached_len = None))]
     fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
         // As in `vtc.reference`, `cached_len` is checked only when there is
@@ -1395,6 +1405,7 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.status(rid).map(|s| match s {
             RequestState::Waiting => "waiting",
             RequestState::Running => "running",
+            RequestState::Aside => "aside",
         }))
     }
 
