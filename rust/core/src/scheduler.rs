@@ -478,12 +478,14 @@ impl Scheduler {
     /*
      * forget_idle: bounded memory under client churn.
      *
-     * Let L = min(floor, min counter of clients with running requests), where
-     * floor is the least backlogged counter (or the last-left client's when
-     * nobody waits). Every client that will ever be backlogged or running
-     * again has a counter >= L: backlogged and running clients already do,
-     * counters only grow, a client re-entering the backlog through preemption
-     * is one that is running now or was admitted later, and a client entering
+     * Let L = min(floor, min counter of clients with running or set-aside
+     * requests), where floor is the least backlogged counter (or the
+     * last-left client's when nobody waits). Every client that will ever be
+     * backlogged or running again has a counter >= L: backlogged, running and
+     * set-aside clients already do, counters only grow, a client re-entering
+     * the backlog without a lift (through preemption or put_back) is one that
+     * is running or set aside now or was admitted or set aside later (from
+     * the backlog, so at a counter >= the floor then), and a client entering
      * through submit is lifted to a floor that, by the same argument, is >= L
      * (or, with nobody backlogged, to the last-left client's counter, >= L).
      * Before anyone was ever admitted there is no lift at all, so L = 0.
@@ -524,7 +526,7 @@ impl Scheduler {
                 };
                 self.clients
                     .iter()
-                    .filter(|c| c.live && c.n_running > 0)
+                    .filter(|c| c.live && (c.n_running > 0 || c.n_aside > 0))
                     .fold(floor, |m, c| m.min(c.counter))
             }
         };
