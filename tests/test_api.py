@@ -428,3 +428,34 @@ def test_put_back_restores_order_and_checks_state(cls):
     s.cancel(9)  # a request set aside can be dropped
     assert s.status(9) is None and s.set_aside() is None
     assert s.num_waiting == 0
+
+
+# -- many states in one call (issue 26, step 3) ----------------------------------------
+
+
+@pytest.mark.parametrize("cls", [vtc.Scheduler, reference.Scheduler])
+def test_statuses_answers_many_ids_at_once(cls):
+    s = cls(100)
+    for rid in (1, 2, 3, 4, 5):
+        s.submit(rid, "a" if rid % 2 else "b", 10)
+    assert s.pop() == 1
+    assert s.set_aside() == 2
+    assert s.pop() == 4  # b (0) before a (10)
+    s.finish(4)
+    s.cancel(5)
+    ids = [1, 2, 3, 4, 5, 6, 1]
+    want = [s.status(r) for r in ids]
+    assert want == ["running", "aside", "waiting", None, None, None, "running"]
+    assert s.statuses(ids) == want
+    assert s.statuses(tuple(ids)) == want
+    assert s.statuses(iter(ids)) == want
+    assert s.statuses(np.array(ids, dtype=np.uint16)) == want
+    assert s.statuses([]) == [] and s.statuses(np.array([], dtype=np.float64)) == []
+    with pytest.raises(vtc.InvalidArgumentError, match="-1"):
+        s.statuses([1, -1])
+    with pytest.raises(TypeError):
+        s.statuses([1, "x"])
+    with pytest.raises(TypeError):
+        s.statuses(np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(TypeError):
+        s.statuses(5)

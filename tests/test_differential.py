@@ -73,6 +73,11 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
             return "pop", (rng.randint(-1, 50),)
         return "pop", ()
     if r < 0.92:
+        if rng.random() < 0.3:  # many states at once, some ids unknown or bad
+            ids = rng.sample(known, k=min(len(known), rng.randint(0, 6))) + [999_999]
+            if rng.random() < 0.1:
+                ids.insert(rng.randint(0, len(ids)), rng.choice([-1, "x", 2**64]))
+            return "statuses", (ids,)
         return "peek", ()
     if r < 0.95:
         v = rng.choice([0.0, 50.0, 500.0, 5000.0, float("inf"), -1.0])

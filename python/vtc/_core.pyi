@@ -268,6 +268,11 @@ class Scheduler:
         not idle). ``RequestStateError`` if it is not set aside."""
     def status(self, request_id: int) -> Literal["waiting", "running", "aside"] | None:
         """Where a request is; None once finished or cancelled (or never seen)."""
+    def statuses(
+        self, request_ids: IntArray | Iterable[int]
+    ) -> list[Literal["waiting", "running", "aside"] | None]:
+        """``status`` of each id, in order, in one call; the first bad id raises as
+        ``status`` would (nothing changes either way)."""
     def generated(self, request_id: int) -> int:
         """Tokens a live request has generated so far."""
     def running(self) -> list[int]:

@@ -356,6 +356,14 @@ class Scheduler:
             return None
         return "running" if r.running else "aside" if r.aside else "waiting"
 
+    def statuses(self, request_ids) -> list[str | None]:
+        """``status`` of each id, in order; the first bad id raises as ``status`` does."""
+        ndim = getattr(request_ids, "ndim", 1)  # a numpy array must be 1-d
+        if isinstance(ndim, int) and ndim != 1:
+            raise TypeError(f"request_ids must be a 1-d integer array, got a {ndim}-d array")
+        rids = [_check_request_id(r) for r in request_ids]
+        return [self.status(r) for r in rids]
+
     def running(self) -> list[int]:
         return sorted(self._running, key=lambda rid: self._requests[rid].admit_seq)
 

@@ -188,12 +188,17 @@ class VtcState:
         """Make the core's waiting set equal to ``queue`` (a safety net: requests
         that left or entered through paths not hooked are dropped or submitted)."""
         present = {id(r) for r in queue}
-        for rid, req in list(self._reqs.items()):
-            if id(req) not in present and self.core.status(rid) == "waiting":
+        tracked = list(self._reqs.items())
+        states = self.core.statuses([rid for rid, _ in tracked])
+        for (_, req), state in zip(tracked, states):
+            if state == "waiting" and id(req) not in present:
                 self.drop(req)
         if self.core.num_waiting != len(queue):
-            for req in queue:
-                if self.status(req) != "waiting":
+            rids = [self._ids.get(id(req)) for req in queue]
+            known = [rid for rid in rids if rid is not None]
+            state_of = dict(zip(known, self.core.statuses(known)))
+            for req, rid in zip(queue, rids):
+                if rid is None or state_of[rid] != "waiting":
                     self.enqueue(req)
 
     def put_head_first(self, queue: list[_Req]) -> None:
@@ -270,9 +275,11 @@ class VtcState:
         ids: list[int] = []
         tokens: list[int] = []
         seen: set[int] = set()
+        rids = [rid for rid in map(self.request_id, reqs) if rid is not None]
+        running = {rid for rid, st in zip(rids, self.core.statuses(rids)) if st == "running"}
         for req in reqs:
             rid = self.request_id(req)
-            if rid is None or rid in seen or self.core.status(rid) != "running":
+            if rid is None or rid in seen or rid not in running:
                 continue
             seen.add(rid)
             n = len(req.output_ids)
@@ -284,16 +291,17 @@ class VtcState:
             self.core.decode(ids, tokens)
 
     def _release_finished(self, reqs: list[_Req]) -> None:
-        for req in reqs:
-            if req.finished():
-                rid = self.request_id(req)
-                if rid is None:
-                    continue
-                if self.core.status(rid) == "running":
-                    self.core.finish(rid)
-                elif self.core.status(rid) == "waiting":
-                    self.core.cancel(rid)
-                self._forget(rid)
+        done = [rid for req in reqs if req.finished() and (rid := self.request_id(req)) is not None]
+        if not done:
+            return
+        for rid, state in zip(done, self.core.statuses(done)):
+            if rid not in self._reqs:
+                continue  # the same request twice in the batch: released already
+            if state == "running":
+                self.core.finish(rid)
+            elif state is not None:  # waiting (or set aside)
+                self.core.cancel(rid)
+            self._forget(rid)
 
     def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
         """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""

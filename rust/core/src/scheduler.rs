@@ -391,6 +391,13 @@ impl Scheduler {
             })
     }
 
+    /// The status of each of `rids`, appended to `out` in order: one call
+    /// for a batch (an engine reconciling its queues with the core).
+    pub fn statuses(&self, rids: &[u64], out: &mut Vec<Option<RequestState>>) {
+        out.reserve(rids.len());
+        out.extend(rids.iter().map(|&rid| self.status(rid)));
+    }
+
     /// Running request ids, oldest admission first.
     pub fn running(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         self.running.iter().map(|&s| self.requests[s as usize].rid)

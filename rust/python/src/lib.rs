@@ -1409,6 +1409,38 @@ impl PyScheduler {
         }))
     }
 
+    /// `status` of each of `request_ids` (a list, tuple, integer array or
+    /// other iterable of ids), in one call; the first bad id raises as
+    /// `status` would.
+    fn statuses<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+    ) -> Result<Bound<'py, PyList>> {
+        let mut ids = Ints::new("request_ids", request_ids, usize::MAX)?;
+        let mut rids = Vec::new();
+        if let Some((_, e)) = ids.copy_into(&mut rids, rid_of) {
+            return Err(e);
+        }
+        let mut states = Vec::new();
+        self.lock(py)?.core.statuses(&rids, &mut states);
+        let (waiting, running, aside) = (
+            pyo3::intern!(py, "waiting"),
+            pyo3::intern!(py, "running"),
+            pyo3::intern!(py, "aside"),
+        );
+        Ok(PyList::new(
+            py,
+            states.iter().map(|s| {
+                s.map(|s| match s {
+                    RequestState::Waiting => waiting.clone(),
+                    RequestState::Running => running.clone(),
+                    RequestState::Aside => aside.clone(),
+                })
+            }),
+        )?)
+    }
+
     fn generated(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<u64> {
         let rid = request_id_arg(request_id)?;
         Ok(self.lock(py)?.core.generated(rid)?)
