@@ -16,7 +16,7 @@ variable               meaning (default)
 ``VTC_WP``             price of a prompt token (1), in [0, 1e9]
 ``VTC_WQ``             price of a generated token (2), in [0, 1e9]; not both 0
 ``VTC_MAX_TENANTS``    active tenants tracked before new ones share the default
-                       tenant (10000; vLLM)
+                       tenant (10000; :class:`vtc.adapter.Tenancy`)
 ``VTC_LOG_INTERVAL``   seconds between tenant log lines, 0 for none (10; vLLM)
 ``VTC_TRACE_FILE``     JSON-lines tenant trace to append to (none; vLLM)
 ``VTC_TRACE_INTERVAL`` seconds between trace records (0.1; vLLM)

@@ -39,7 +39,8 @@ prices (``VTC_WP``, ``VTC_WQ``) and the tenant rule are those of
 :mod:`vtc.config`, shared with vLLM; a malformed value stops the server when
 the plugin loads, with a message naming it. Idle tenants whose
 state can no longer affect a decision are forgotten every
-:data:`FORGET_EVERY` arrivals (``vtc.Scheduler.forget_idle``), so memory
+:data:`vtc.adapter.FORGET_EVERY` arrivals and whenever ``VTC_MAX_TENANTS``
+would be exceeded (:class:`vtc.adapter.Tenancy`, shared with vLLM), so memory
 follows the live tenants, not every tenant ever seen.
 
 Only the unified (non-disaggregated) scheduler is hooked; in disaggregated
@@ -59,12 +60,11 @@ from vtc import (
     Scheduler,
     UnknownRequestError,
 )
+from vtc.adapter import Tenancy
 from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
 
 logger = logging.getLogger(__name__)
 
-FORGET_EVERY = 4096
-"""Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 #: KV budget given to the core. SGLang owns memory (``pop`` does no KV check),
 #: so the core's budget only has to admit any prompt.
 ENGINE_M = MAX_BUDGET
@@ -75,25 +75,30 @@ _Req = Any  # sglang.srt.managers.schedule_batch.Req (not imported at module imp
 # -- tenancy ------------------------------------------------------------------------------
 
 
-def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
-    """The tenant a request is billed to.
-
-    The first of ``sampling_params.custom_params[key]``, ``routing_key`` and
-    ``lora_id`` that names a tenant (:func:`vtc.config.first_tenant`: a non-empty
-    str of at most :data:`vtc.config.MAX_TENANT_LEN` characters, or an int; anything else
-    is treated as absent), else :data:`DEFAULT_TENANT`. Never raises.
-    """
+def tenant_fields(req: _Req, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, ...]:
+    """A request's tenant fields, in order: ``sampling_params.custom_params[key]``,
+    ``routing_key``, ``lora_id`` (none if they cannot be read). Never raises."""
     try:
         params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-        fields = (
+        return (
             params.get(key) if isinstance(params, Mapping) else None,
             getattr(req, "routing_key", None),
             getattr(req, "lora_id", None),
         )
-        return first_tenant(fields) or DEFAULT_TENANT
     except Exception:  # a hostile custom_params mapping must not drop the request
         logger.debug("vtc: could not read the tenant of a request", exc_info=True)
-    return DEFAULT_TENANT
+    return ()
+
+
+def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
+    """The tenant a request is billed to.
+
+    The first of its :func:`tenant_fields` that names a tenant
+    (:func:`vtc.config.first_tenant`: a non-empty str of at most
+    :data:`vtc.config.MAX_TENANT_LEN` characters, or an int; anything else is
+    treated as absent), else :data:`DEFAULT_TENANT`. Never raises.
+    """
+    return first_tenant(tenant_fields(req, key)) or DEFAULT_TENANT
 
 
 # -- per-process state --------------------------------------------------------------------
@@ -114,11 +119,18 @@ class VtcState:
         weights: Mapping[str, float] | None = None,
         wp: float = 1.0,
         wq: float = 2.0,
+        max_tenants: int = 10_000,
     ) -> None:
         self.core = Scheduler(M=ENGINE_M, wp=wp, wq=wq, policy="vtc")
         self.tenant_key = tenant_key
-        for tenant, weight in (weights or {}).items():
-            self.core.set_weight(tenant, weight)
+        config = EngineConfig(
+            tenant_key=tenant_key,
+            weights=dict(weights or {}),
+            wp=wp,
+            wq=wq,
+            max_tenants=max_tenants,
+        )
+        self.tenancy = Tenancy(self.core, config, log=logger)  # sets the weights
         self._next_id = 0
         self._ids: dict[int, int] = {}  # id(Req) -> core request id
         self._reqs: dict[int, _Req] = {}  # core request id -> Req (keeps id(Req) unique)
@@ -131,7 +143,13 @@ class VtcState:
         """Build from the ``VTC_*`` variables (:class:`vtc.config.EngineConfig`:
         tenant key, weights, token prices); a malformed one raises ``ConfigError``."""
         config = EngineConfig.from_env(environ)
-        return cls(tenant_key=config.tenant_key, weights=config.weights, wp=config.wp, wq=config.wq)
+        return cls(
+            tenant_key=config.tenant_key,
+            weights=config.weights,
+            wp=config.wp,
+            wq=config.wq,
+            max_tenants=config.max_tenants,
+        )
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -168,9 +186,8 @@ class VtcState:
         prompt = len(req.origin_input_ids)
         self._next_id += 1
         rid = self._next_id
-        if rid % FORGET_EVERY == 0:
-            self.core.forget_idle()
-        self.core.submit(rid, self.tenant(req), max(1, prompt))
+        tenant = self.tenancy.arrive(tenant_fields(req, self.tenant_key))
+        self.core.submit(rid, tenant, max(1, prompt))
         self._ids[id(req)] = rid
         self._reqs[rid] = req
         self._charged[rid] = len(req.output_ids)

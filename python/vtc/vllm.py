@@ -76,6 +76,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
+from vtc.adapter import Tenancy
 from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
@@ -87,12 +88,11 @@ __all__ = [
     "VTCScheduler",
     "parse_weights",
     "resolve_tenant",
+    "tenant_fields",
 ]
 
 logger = init_logger("vllm.vtc")
 
-FORGET_EVERY = 4096
-"""Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 
 _WAITING = "waiting"  # waiting in the core, visible in the queue
 _PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
@@ -102,6 +102,17 @@ _REQUEST_ID = operator.attrgetter("request_id")
 _NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
 
 
+def tenant_fields(request: Request, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, Any]:
+    """A request's tenant fields, in order: ``extra_args[key]``, its LoRA adapter's name."""
+    params = request.sampling_params
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    lora = request.lora_request
+    return (
+        extra.get(key) if isinstance(extra, dict) else None,
+        getattr(lora, "lora_name", None) if lora is not None else None,
+    )
+
+
 def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | None:
     """The tenant a request names: ``extra_args[key]``, else its LoRA adapter's name.
 
@@ -109,15 +120,7 @@ def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | Non
     a malformed value is treated as absent; the caller uses the default
     tenant). Never raises on a malformed request.
     """
-    params = request.sampling_params
-    extra = getattr(params, "extra_args", None) if params is not None else None
-    lora = request.lora_request
-    return first_tenant(
-        (
-            extra.get(key) if isinstance(extra, dict) else None,
-            getattr(lora, "lora_name", None) if lora is not None else None,
-        )
-    )
+    return first_tenant(tenant_fields(request, key))
 
 
 VTCConfig = EngineConfig
@@ -488,6 +491,7 @@ class _VTCMixin:
     waiting: VTCRequestQueue
     vtc: vtc.Scheduler
     vtc_config: VTCConfig
+    vtc_tenancy: Tenancy
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -495,11 +499,7 @@ class _VTCMixin:
         capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
         self.vtc_config = config
         self.vtc = vtc.Scheduler(M=capacity, wp=config.wp, wq=config.wq, policy="vtc")
-        for tenant, weight in config.weights.items():
-            self.vtc.set_weight(tenant, weight)
-        self._vtc_tenants: set[str] = set(config.weights)
-        self._vtc_arrivals = 0
-        self._vtc_warned_full = False
+        self.vtc_tenancy = Tenancy(self.vtc, config, log=logger)
         self._vtc_warned_aside = False
         self._vtc_last_log = time.monotonic()
         self._vtc_trace = TenantTrace.from_config(config)
@@ -517,34 +517,9 @@ class _VTCMixin:
             config.weights or "all 1",
         )
 
-    def _vtc_forget_idle(self) -> None:
-        """Drop the tenants whose state can no longer change a decision
-        (``vtc.Scheduler.forget_idle``): memory follows the live tenants."""
-        if self.vtc.forget_idle():
-            self._vtc_tenants = {str(k) for k in self.vtc.clients()} | set(self.vtc_config.weights)
-
     def _vtc_tenant(self, request: Request) -> str:
-        config = self.vtc_config
-        self._vtc_arrivals += 1
-        if self._vtc_arrivals % FORGET_EVERY == 0:
-            self._vtc_forget_idle()
-        tenant = resolve_tenant(request, config.tenant_key)
-        if tenant is None:
-            return config.default_tenant
-        if tenant not in self._vtc_tenants:
-            if len(self._vtc_tenants) >= config.max_tenants:
-                self._vtc_forget_idle()
-            if len(self._vtc_tenants) >= config.max_tenants:
-                if not self._vtc_warned_full:
-                    self._vtc_warned_full = True
-                    logger.warning(
-                        "VTC: %d tenants active (VTC_MAX_TENANTS); new ones share tenant %r",
-                        config.max_tenants,
-                        config.default_tenant,
-                    )
-                return config.default_tenant
-            self._vtc_tenants.add(tenant)
-        return tenant
+        """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
+        return self.vtc_tenancy.arrive(tenant_fields(request, self.vtc_config.tenant_key))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's step, then settle the step's last provisional pop."""
@@ -614,11 +589,11 @@ class _VTCMixin:
 
     def tenant_counters(self) -> dict[str, float]:
         """Each tenant's virtual counter (weighted service plus lifts)."""
-        return {str(k): v for k, v in self.vtc.counters().items()}
+        return self.vtc_tenancy.counters()
 
     def tenant_services(self) -> dict[str, float]:
         """Each tenant's weighted service actually delivered (no lifts)."""
-        return {str(k): v for k, v in self.vtc.services().items()}
+        return self.vtc_tenancy.services()
 
 
 class VTCScheduler(_VTCMixin, Scheduler):

@@ -16,6 +16,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 import vtc.config as vc
 import vtc.sglang as vs
+from vtc.adapter import FORGET_EVERY
 
 
 def core():
@@ -309,7 +310,7 @@ def test_many_tenants_are_kept_apart_and_idle_ones_forgotten() -> None:
     tenants below the floor are forgotten every FORGET_EVERY arrivals."""
     vs.reset_state(vs.VtcState())
     s = make_scheduler()
-    names = [f"t{i}" for i in range(vs.FORGET_EVERY + 50)]
+    names = [f"t{i}" for i in range(FORGET_EVERY + 50)]
     for name in names[:20]:
         arrive(s, make_req(name))
     prefill_pass(s)
@@ -321,3 +322,14 @@ def test_many_tenants_are_kept_apart_and_idle_ones_forgotten() -> None:
         arrive(s, make_req(name))
     assert vs.DEFAULT_TENANT not in core().clients()
     assert core().num_clients < len(names)  # the sweep ran and forgot idle tenants
+
+
+def test_active_tenants_are_capped_as_in_vllm() -> None:
+    """VTC_MAX_TENANTS (vtc.adapter.Tenancy, shared with vLLM): while that many
+    tenants are active, a further new tenant's requests share the default tenant."""
+    vs.reset_state(vs.VtcState(max_tenants=2))
+    s = make_scheduler()
+    a, b, c = make_req("a"), make_req("b"), make_req("c")
+    arrive(s, a, b, c)
+    assert set(core().clients()) == {"a", "b", vs.DEFAULT_TENANT}
+    assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "3"}).tenancy.config.max_tenants == 3
