@@ -612,13 +612,14 @@ class Scheduler:
             ndim = getattr(arg, "ndim", 1)  # a numpy array must be 1-d
             if isinstance(ndim, int) and ndim != 1 and not isinstance(arg, int):
                 raise TypeError(f"{name} must be a 1-d integer array, got a {ndim}-d array")
-        rids = list(request_ids)
+        # Read by iteration, never sized from __len__ (list() would trust it).
+        rids = [r for r in request_ids]
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             toks = [tokens] * len(rids)
         elif tokens is None:
             toks = [1] * len(rids)
         else:
-            toks = list(tokens)
+            toks = [t for t in tokens]
         if len(toks) != len(rids):
             raise InvalidArgumentError(
                 f"request_ids and tokens differ in length: {len(rids)} != {len(toks)}"
