@@ -896,13 +896,20 @@ impl Scheduler {
         cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
-        if cl.n_waiting == 0 {
+        self.head_left(c);
+        Some(rid)
+    }
+
+    /// `c`'s head request has just left its queue (admitted or set aside):
+    /// `c` leaves the backlog if nothing else waits, else it is re-keyed on
+    /// its next head.
+    fn head_left(&mut self, c: u32) {
+        if self.clients[c as usize].n_waiting == 0 {
             self.leave_backlog(c);
         } else {
             self.clean_front(c);
             self.adjust(c);
         }
-        Some(rid)
     }
 
     /// Fill the batch: admit from the least-served backlogged client until
@@ -1305,12 +1312,7 @@ impl Scheduler {
         let cl = &mut self.clients[c as usize];
         cl.n_waiting -= 1;
         cl.n_aside += 1;
-        if cl.n_waiting == 0 {
-            self.leave_backlog(c);
-        } else {
-            self.clean_front(c);
-            self.adjust(c);
-        }
+        self.head_left(c);
         Some(rid)
     }
 

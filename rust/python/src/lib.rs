@@ -102,37 +102,33 @@ fn type_error(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> Error {
     )))
 }
 
-/// An integer argument: a Python int or anything with `__index__` (numpy
-/// integers), never a bool.
-fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
+/// The Python int an integer argument stands for: an int or anything with
+/// `__index__` (numpy integers), never a bool. An exception raised inside the
+/// caller's `__index__` is theirs: it propagates.
+fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound<'py, PyAny>> {
     if obj.is_instance_of::<PyBool>() {
         return Err(type_error(what, "an int", obj));
     }
-    let idx = if obj.is_instance_of::<PyInt>() {
-        obj.clone()
+    if obj.is_instance_of::<PyInt>() {
+        Ok(obj.clone())
     } else if has_special(obj, "__index__") {
-        // an exception raised inside `__index__` is the caller's: propagate it
-        obj.call_method0("__index__")?
+        Ok(obj.call_method0("__index__")?)
     } else {
-        return Err(type_error(what, "an int", obj));
-    };
-    idx.extract::<i128>()
+        Err(type_error(what, "an int", obj))
+    }
+}
+
+/// An integer argument (see [`index_of`]) in i128.
+fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
+    index_of(what, obj)?
+        .extract::<i128>()
         .map_err(|_| invalid(format!("{what} {} is out of range", repr(obj))))
 }
 
 /// [`int_arg`] for an argument whose every value out of i64 is refused the
 /// same way: saturated to i128's range, with the int's own text to name it.
 fn int_arg_sat(what: &str, obj: &Bound<'_, PyAny>) -> Result<(i128, String)> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(type_error(what, "an int", obj));
-    }
-    let idx = if obj.is_instance_of::<PyInt>() {
-        obj.clone()
-    } else if has_special(obj, "__index__") {
-        obj.call_method0("__index__")?
-    } else {
-        return Err(type_error(what, "an int", obj));
-    };
+    let idx = index_of(what, obj)?;
     let text = idx.str().map(|s| s.to_string()).unwrap_or_default();
     let v = match idx.extract::<i128>() {
         Ok(v) => v,
