@@ -100,6 +100,27 @@ def test_an_endless_iterable_is_read_only_up_to_the_running_set():
     s._check_invariants()
 
 
+@pytest.mark.parametrize("cls", BOTH)
+@pytest.mark.parametrize("tokens", [list, tuple, np.array])
+def test_ids_without_a_length_are_read_as_far_as_sized_tokens_go(cls, tokens):
+    # One running request, ids from a generator longer than the running set
+    # and tokens with a real length: the lengths are compared (they agree),
+    # then the ids position by position: 7 is not running.
+    s = one_running(cls)
+    with pytest.raises(vtc.UnknownRequestError, match="7"):
+        s.decode((r for r in [0, 7, 8, 9]), tokens([1, 1, 1, 1]))
+    with pytest.raises(vtc.InvalidArgumentError, match="differ in length"):
+        s.decode((r for r in [0, 7, 8, 9, 10]), tokens([1, 1, 1, 1]))
+    with pytest.raises(vtc.InvalidArgumentError, match="differ in length"):
+        s.decode((r for r in [0, 7, 8]), tokens([1, 1, 1, 1]))
+    # tokens without a length: read as far as the ids, a longer one is cut
+    with pytest.raises(vtc.InvalidArgumentError, match="differ in length: 1 != more than 1"):
+        s.decode([0], (t for t in [1, 1]))
+    assert s.generated(0) == 0
+    if cls is vtc.Scheduler:
+        s._check_invariants()
+
+
 def test_from_snapshot_takes_only_buffers():
     s = one_running()
     data = s.snapshot()

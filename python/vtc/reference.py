@@ -114,6 +114,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from vtc._core import MAX_TOKENS_PER_CALL
 from vtc.errors import (
     CapacityError,
@@ -225,6 +227,35 @@ def _as_float(name: str, value) -> float:
         return float(value)
     except OverflowError:
         raise InvalidArgumentError(f"{name} {value!r} is out of range") from None
+
+
+def _sized_len(arg) -> int | None:
+    """The real length of a list, tuple or 1-d array; None for anything else
+    (whose ``__len__`` may lie)."""
+    if type(arg) in (list, tuple):
+        return len(arg)
+    if isinstance(arg, np.ndarray) and arg.ndim == 1:
+        return len(arg)
+    return None
+
+
+def _read(arg, limit: int) -> tuple[list, bool]:
+    """The items of a batch argument and whether it had more: a list, tuple or
+    1-d array whole, any other iterable by iteration up to ``limit`` items."""
+    if _sized_len(arg) is not None:
+        return list(arg), False
+    try:
+        it = iter(arg)
+    except TypeError:
+        raise TypeError(
+            f"a batch argument must be a sequence of ints, got {type(arg).__name__}"
+        ) from None
+    items = []
+    for x in it:
+        if len(items) == limit:
+            return items, True
+        items.append(x)
+    return items, False
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -612,17 +643,27 @@ class Scheduler:
             ndim = getattr(arg, "ndim", 1)  # a numpy array must be 1-d
             if isinstance(ndim, int) and ndim != 1 and not isinstance(arg, int):
                 raise TypeError(f"{name} must be a 1-d integer array, got a {ndim}-d array")
-        # Read by iteration, never sized from __len__ (list() would trust it).
-        rids = [r for r in request_ids]
+        # The reading rule: a list, tuple or 1-d array is read whole; any other
+        # iterable by iteration (never sized from its __len__, which may lie)
+        # and only up to a limit: request_ids up to one more id than there are
+        # running requests (more is an error whatever they are), or as many as
+        # a list, tuple or array of tokens holds; tokens up to as many as the
+        # ids read. `more` records that an iterable had items past its limit.
+        n_tok = _sized_len(tokens)
+        limit = len(self._running) + 1
+        rids, more = _read(request_ids, max(limit, n_tok) if n_tok is not None else limit)
         if isinstance(tokens, int) and not isinstance(tokens, bool):
-            toks = [tokens] * len(rids)
+            toks, tok_more = [tokens] * len(rids), more
         elif tokens is None:
-            toks = [1] * len(rids)
+            toks, tok_more = [1] * len(rids), more
         else:
-            toks = [t for t in tokens]
-        if len(toks) != len(rids):
+            toks, tok_more = _read(tokens, len(rids))
+        if len(toks) != len(rids) or tok_more != more:
+            def n(items, cut):
+                return f"more than {len(items)}" if cut else str(len(items))
+
             raise InvalidArgumentError(
-                f"request_ids and tokens differ in length: {len(rids)} != {len(toks)}"
+                f"request_ids and tokens differ in length: {n(rids, more)} != {n(toks, tok_more)}"
             )
         seen = set()
         reqs = []
@@ -640,6 +681,11 @@ class Scheduler:
                     f"more than {MAX_REQUEST_TOKENS} (2**54)"
                 )
             reqs.append((r, t))
+        if more:  # not reached: more ids than running ones hold an error above
+            raise InvalidArgumentError(
+                f"request_ids has more than {len(rids)} items, "
+                "more than there are running requests"
+            )
         per_client: dict = {}
         for r, t in reqs:
             self._add_tokens(per_client, r, t)

@@ -328,6 +328,22 @@ impl Read {
     }
 }
 
+/// The real length of a batch argument whose length can be trusted: an exact
+/// list or tuple, or a 1-d numpy array (`None` for any other object, whose
+/// `__len__` may lie).
+fn sized_len(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    if let Ok(l) = obj.cast_exact::<PyList>() {
+        return Some(l.len());
+    }
+    if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        return Some(t.len());
+    }
+    match obj.cast::<numpy::PyUntypedArray>() {
+        Ok(a) if a.ndim() == 1 => Some(a.len()),
+        _ => None,
+    }
+}
+
 /// A batch argument as given: a 1-d numpy array of an integer dtype (copied
 /// into [`Scratch`] under the lock, running no Python code; dtypes other
 /// than u64/i64/i32 in native byte order are converted by numpy first), or
@@ -1139,13 +1155,15 @@ impl PyScheduler {
             drop(g);
             return Ok(PyList::new(py, preempted)?);
         };
-        // A list or tuple is read whole; another iterable only up to one
-        // more id than there are running requests (more is an error anyway).
-        let limit = if ids.is_exact_instance_of::<PyList>() || ids.is_exact_instance_of::<PyTuple>()
-        {
+        // A list, tuple or array is read whole; another iterable only up to
+        // one more id than there are running requests (more is an error
+        // anyway), or as many as a list, tuple or array of tokens holds, so
+        // that the lengths can be compared (the same rule in `vtc.reference`).
+        let limit = if sized_len(ids).is_some() {
             usize::MAX
         } else {
-            self.lock(py)?.core.num_running().saturating_add(1)
+            let n = self.lock(py)?.core.num_running().saturating_add(1);
+            tokens.and_then(sized_len).map_or(n, |t| t.max(n))
         };
         let mut ids = Ints::new("request_ids", ids, limit)?;
         enum Toks<'py> {
