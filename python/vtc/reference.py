@@ -659,6 +659,7 @@ class Scheduler:
         else:
             toks, tok_more = _read(tokens, len(rids))
         if len(toks) != len(rids) or tok_more != more:
+
             def n(items, cut):
                 return f"more than {len(items)}" if cut else str(len(items))
 
@@ -683,8 +684,7 @@ class Scheduler:
             reqs.append((r, t))
         if more:  # not reached: more ids than running ones hold an error above
             raise InvalidArgumentError(
-                f"request_ids has more than {len(rids)} items, "
-                "more than there are running requests"
+                f"request_ids has more than {len(rids)} items, more than there are running requests"
             )
         per_client: dict = {}
         for r, t in reqs:
