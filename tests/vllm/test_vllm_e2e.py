@@ -301,6 +301,9 @@ def _run(model: Path, name: str, scheduler_cls: str, tmp_path: Path) -> dict[str
     return result
 
 
+# Two servers, each with its start-up and run deadlines: the suite-wide 600 s
+# limit is shorter than that on a loaded machine (issue 14).
+@pytest.mark.timeout(2 * (STARTUP_TIMEOUT + RUN_DEADLINE) + 120)
 def test_returning_tenant_gets_half_with_vtc_not_with_stock(
     tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
