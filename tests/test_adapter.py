@@ -8,7 +8,7 @@ import logging
 import pytest
 
 import vtc
-from vtc.adapter import Tenancy
+from vtc.adapter import ASIDE, RUNNING, WAITING, Requests, Tenancy
 from vtc.config import EngineConfig
 
 
@@ -79,3 +79,102 @@ def test_counters_and_services_by_tenant_name():
     core, t = make()
     serve(core, 1, t.arrive([42]))
     assert t.services() == {"42": 10.0} and t.counters() == {"42": 10.0}
+
+
+# -- Requests: ids, state changes and charging -------------------------------------
+
+
+class Out:
+    """An engine output object: the request's key and the tokens it produced."""
+
+    def __init__(self, request_id, n):
+        self.request_id, self.new_token_ids = request_id, [0] * n
+
+
+def tracked_pair(M=10_000):
+    core = vtc.Scheduler(M=M)
+    return core, Requests(core)
+
+
+def test_a_request_goes_through_every_state_in_the_core():
+    core, reqs = tracked_pair(M=100)
+    a = reqs.submit("r-a", object(), "a", 500)  # clamped to M
+    assert (a.rid, a.prompt_len, reqs.status(a)) == (vtc.key_id("r-a"), 100, WAITING)
+    assert reqs.head() is a and reqs.get("r-a") is a and reqs.at(a.rid) is a
+    reqs.set_aside(a)
+    assert (reqs.status(a), reqs.head()) == (ASIDE, None)
+    reqs.put_back(a)
+    assert (reqs.status(a), core.counter("a")) == (WAITING, 0.0)
+    reqs.admit(a, cached_len=30)
+    assert (reqs.status(a), core.counter("a")) == (RUNNING, 70.0)
+    reqs.put_back(a)  # preempted
+    assert reqs.status(a) == WAITING
+    reqs.admit(a, cached_len=0)
+    assert core.counter("a") == 70.0  # its prompt is never charged twice
+    assert reqs.by_tenant() == ({}, {"a": 1}) and reqs.queued() == {"a": 1}
+    assert reqs.release("r-a", finished=True) is a
+    assert core.status(a.rid) is None and len(reqs) == 0 and reqs.get("r-a") is None
+    assert reqs.release("r-a") is None  # untracked: a no-op
+    b = reqs.submit("r-b", None, "b", 1)
+    with pytest.raises(ValueError, match="already tracked"):
+        reqs.submit("r-b", None, "b", 1)
+    core.cancel(b.rid)  # gone from the core behind the adapter's back
+    assert reqs.release("r-b") is b and len(reqs) == 0
+
+
+def test_charging_is_one_call_and_owes_tokens_of_a_request_not_running():
+    core, reqs = tracked_pair()
+    a = reqs.submit("a1", None, "a", 10)
+    b = reqs.submit("b1", None, "b", 10)
+    reqs.admit(a, 0)
+    reqs.admit(b, 0)
+    assert reqs.charge([(a, 3), (b, 1), (a, 2), (b, 0)]) == []  # a repeats: counts add up
+    assert (core.generated(a.rid), core.generated(b.rid)) == (5, 1)
+    reqs.put_back(b)  # preempted with output in flight
+    assert reqs.charge([(a, 1), (b, 4)]) == [(b, 4)]  # b not running: not charged
+    assert (core.generated(a.rid), core.generated(b.rid), b.owed) == (6, 1, 0)
+    reqs.charge_keys([("b1", 4), ("gone", 9), ("a1", 1)])  # by key: b owes its tokens
+    assert (core.generated(a.rid), core.generated(b.rid), b.owed) == (7, 1, 4)
+    served = core.service("b")
+    reqs.admit(b, 0)  # re-admitted: pays what it owes
+    assert (core.generated(b.rid), b.owed) == (5, 0)
+    assert core.service("b") == served + 4 * 2.0  # wq = 2
+
+
+def test_charge_outputs_takes_one_call_or_falls_back_output_by_output(monkeypatch):
+    core, reqs = tracked_pair()
+    calls = []
+    real = core.decode_outputs
+    monkeypatch.setattr(
+        reqs, "core", type("Spy", (), {"__getattr__": lambda _, n: getattr(core, n)})()
+    )
+    reqs.core.decode_outputs = lambda *a, **k: (calls.append(len(a[0])), real(*a, **k))[1]
+    a = reqs.submit("a1", None, "a", 10)
+    b = reqs.submit("b1", None, "b", 10)
+    reqs.admit(a, 0)
+    reqs.admit(b, 0)
+    reqs.charge_outputs([Out("a1", 2), Out("b1", 3)])
+    assert calls == [2] and (core.generated(a.rid), core.generated(b.rid)) == (2, 3)
+    # a repeated request and an unknown one: the core refuses the whole step,
+    # which is then charged output by output
+    reqs.charge_outputs([Out("a1", 1), Out("a1", 1), Out("zz", 5), Out("b1", 1)])
+    assert (core.generated(a.rid), core.generated(b.rid)) == (4, 4)
+    reqs.charge_outputs([])
+    assert len(calls) == 2
+
+
+def test_a_key_whose_hash_is_taken_gets_the_next_free_id_and_outputs_still_charge():
+    core, reqs = tracked_pair()
+    first = reqs.submit(7, None, "a", 10)  # key_id(7) == 7
+    assert first.rid == 7
+    # a str key whose hash collides with 7 would be rare; force it with an int key
+    # of the same hash: 7 + (2**61 - 1) hashes to 7 in CPython
+    twin = 7 + (2**61 - 1)
+    second = reqs.submit(twin, None, "b", 10)
+    assert second.rid == 8 and reqs.overrides == {twin: 8}
+    reqs.admit(first, 0)
+    reqs.admit(second, 0)
+    reqs.charge_outputs([Out(7, 1), Out(twin, 2)])  # the core reads the override
+    assert (core.generated(7), core.generated(8)) == (1, 2)
+    reqs.release(twin, finished=True)
+    assert reqs.overrides == {}

@@ -2,21 +2,42 @@
 
 What both engine shells (``vtc.vllm``, ``vtc.sglang``) do the same way lives
 here, importable and tested without either engine (issue 26 moves the rest of
-the shared work here step by step). Today: :class:`Tenancy`, which bills each
-arriving request to a tenant and keeps the core's memory following the live
-tenants.
+the shared work here step by step):
+
+* :class:`Tenancy` bills each arriving request to a tenant and keeps the
+  core's memory following the live tenants;
+* :class:`Requests` maps the engine's requests onto core ids, makes every
+  state change of a request in the core (submit, admit, set aside, put back,
+  preempt, release), and charges a step's tokens in one core call, with the
+  per-request fallback for the rare step one call cannot take.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable
+import operator
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from vtc._core import Scheduler
-from vtc.config import EngineConfig, first_tenant
+import numpy as np
 
-__all__ = ["FORGET_EVERY", "Tenancy"]
+from vtc._core import Scheduler, key_id
+from vtc.config import EngineConfig, first_tenant
+from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
+
+__all__ = [
+    "ASIDE",
+    "FORGET_EVERY",
+    "RUNNING",
+    "WAITING",
+    "Requests",
+    "Tenancy",
+    "TenantTrace",
+    "Tracked",
+]
 
 FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
@@ -102,3 +123,263 @@ class Tenancy:
     def services(self) -> dict[str, float]:
         """Each tenant's weighted service actually delivered (no lifts)."""
         return {str(k): v for k, v in self.core.services().items()}
+
+
+WAITING = "waiting"
+"""A request's status in the core: waiting (``Scheduler.status``)."""
+RUNNING = "running"
+"""Admitted: running in the core."""
+ASIDE = "aside"
+"""Taken off its queue by ``set_aside``, not charged, until ``put_back``."""
+
+_CHARGE_ERRORS = (UnknownRequestError, RequestStateError, InvalidArgumentError)
+
+
+def _decode(core: Scheduler, per_rid: dict[int, int]) -> None:
+    n = len(per_rid)
+    core.decode(
+        np.fromiter(per_rid.keys(), dtype=np.uint64, count=n),
+        np.fromiter(per_rid.values(), dtype=np.uint64, count=n),
+    )
+
+
+@dataclass(eq=False)
+class Tracked:
+    """What the adapter knows about one engine request."""
+
+    key: Hashable  # the engine's handle for it (vLLM: its request id; SGLang: id(Req))
+    rid: int  # the core's id
+    request: Any  # the engine's request object (kept alive while tracked)
+    tenant: str
+    prompt_len: int  # as submitted: clamped to [1, M]
+    owed: int = 0  # tokens produced while not running: charged when admitted again
+    charged: int = 0  # for a shell that sees cumulative output counts (SGLang)
+
+
+class Requests:
+    """The engine's requests in the core: ids, state changes and charging.
+
+    A request's core id is ``key_id(key)`` (the hash of the engine's handle),
+    so that ``charge_outputs`` can hand a step's output objects to the core
+    with no lookup here (``decode_outputs(missing="hash")``); the rare key
+    whose hash is taken by another live request gets the next free id, kept
+    in :attr:`overrides`. A request's state is the core's alone
+    (``status(rid)``): nothing here can fall out of step with it.
+    """
+
+    def __init__(self, core: Scheduler) -> None:
+        self.core = core
+        self._by_key: dict[Hashable, Tracked] = {}
+        self._by_rid: dict[int, Tracked] = {}
+        #: key -> core id, for the keys whose id is not ``key_id(key)``
+        self.overrides: dict[Hashable, int] = {}
+        self._M = core.M
+
+    # -- lookups ---------------------------------------------------------------------
+    def get(self, key: Hashable) -> Tracked | None:
+        """The record of the request with this key (None if untracked)."""
+        return self._by_key.get(key)
+
+    def at(self, rid: int) -> Tracked:
+        """The record of the request with this core id (KeyError if none)."""
+        return self._by_rid[rid]
+
+    def head(self) -> Tracked | None:
+        """The request the core admits next (None if none waits)."""
+        rid = self.core.peek()
+        return None if rid is None else self._by_rid[rid]
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __iter__(self):
+        return iter(self._by_key.values())
+
+    def status(self, t: Tracked) -> str | None:
+        """The request's state in the core (``WAITING``, ``RUNNING``, ``ASIDE``)."""
+        return self.core.status(t.rid)
+
+    def queued(self) -> dict[str, int]:
+        """How many requests each tenant has waiting or running."""
+        counts: dict[str, int] = {}
+        for t in self._by_key.values():
+            counts[t.tenant] = counts.get(t.tenant, 0) + 1
+        return counts
+
+    def by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
+        """How many requests each tenant has waiting (or set aside) and running."""
+        waiting: dict[str, int] = {}
+        running: dict[str, int] = {}
+        tracked = list(self._by_key.values())
+        for t, state in zip(tracked, self.core.statuses([t.rid for t in tracked])):
+            counts = running if state == RUNNING else waiting
+            counts[t.tenant] = counts.get(t.tenant, 0) + 1
+        return waiting, running
+
+    # -- state changes ---------------------------------------------------------------
+    def submit(self, key: Hashable, request: Any, tenant: str, prompt_len: int) -> Tracked:
+        """A new request of ``tenant`` (named by :meth:`Tenancy.arrive`) arrives:
+        submit it (the core lifts a returning tenant)."""
+        if key in self._by_key:
+            raise ValueError(f"request {key!r} is already tracked")
+        rid = key_id(key)
+        by_rid = self._by_rid
+        moved = rid in by_rid
+        while rid in by_rid:  # taken by a live request: the next free id
+            rid = (rid + 1) % (1 << 64)
+        n = min(max(int(prompt_len), 1), self._M)
+        self.core.submit(rid, tenant, n)
+        t = Tracked(key, rid, request, tenant, n)
+        self._by_key[key] = t
+        by_rid[rid] = t
+        if moved:
+            self.overrides[key] = rid
+        return t
+
+    def admit(self, t: Tracked, cached_len: int) -> None:
+        """``t``, the core's head, is admitted: its prompt is charged (less
+        ``cached_len`` prefix-cache tokens; a preempted request's prompt never
+        again), then the tokens it owes."""
+        cached = min(max(int(cached_len), 0), t.prompt_len)
+        rid = self.core.pop(cached_len=cached)
+        if rid != t.rid:  # pragma: no cover - would be a bug in the shell
+            raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
+        if t.owed:
+            owed, t.owed = t.owed, 0
+            self.core.decode([rid], [owed])
+
+    def set_aside(self, t: Tracked) -> None:
+        """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
+        rid = self.core.set_aside()
+        if rid != t.rid:  # pragma: no cover - would be a bug in the shell
+            raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
+
+    def put_back(self, t: Tracked) -> None:
+        """Back to the head of its tenant's queue: set aside (its place, nothing
+        charged or lifted) or running (preempted: its prompt is not charged again)."""
+        state = self.core.status(t.rid)
+        if state == ASIDE:
+            self.core.put_back(t.rid)
+        elif state == RUNNING:
+            self.core.preempt(t.rid)
+
+    def release(self, key: Hashable, finished: bool = False) -> Tracked | None:
+        """The request leaves: ``finish`` if it ran to completion, else ``cancel``;
+        every trace of it is dropped (a no-op for an untracked key)."""
+        t = self._by_key.pop(key, None)
+        if t is None:
+            return None
+        del self._by_rid[t.rid]
+        if self.overrides:
+            self.overrides.pop(key, None)
+        state = self.core.status(t.rid)
+        if state == RUNNING and finished:
+            self.core.finish(t.rid)
+        elif state is not None:
+            self.core.cancel(t.rid)
+        return t
+
+    # -- charging --------------------------------------------------------------------
+    def charge(self, produced: Iterable[tuple[Tracked, int]]) -> list[tuple[Tracked, int]]:
+        """Charge the tokens each request produced, in one core call (a request
+        may repeat: its counts add up); returns the ``(request, tokens)`` of
+        those not running, which are not charged (e.g. preempted with output in
+        flight: :meth:`owe` charges them when it is admitted again).
+
+        The common step (every request running) is one ``decode`` call; the
+        core refuses a step with one that is not as a whole, and that step is
+        then split by the requests' states (one ``statuses`` call)."""
+        per_rid: dict[int, int] = {}
+        for t, n in produced:
+            if n > 0:
+                per_rid[t.rid] = per_rid.get(t.rid, 0) + n
+        if not per_rid:
+            return []
+        try:
+            _decode(self.core, per_rid)
+            return []
+        except _CHARGE_ERRORS:
+            pass
+        states = self.core.statuses(list(per_rid))
+        idle = [(rid, n) for (rid, n), state in zip(per_rid.items(), states) if state != RUNNING]
+        for rid, _ in idle:
+            del per_rid[rid]
+        if per_rid:
+            _decode(self.core, per_rid)
+        by_rid = self._by_rid
+        return [(by_rid[rid], n) for rid, n in idle if rid in by_rid]
+
+    @staticmethod
+    def owe(idle: Iterable[tuple[Tracked, int]]) -> None:
+        """Tokens of requests not running are owed: :meth:`admit` charges them."""
+        for t, n in idle:
+            t.owed += n
+
+    def charge_keys(self, produced: Iterable[tuple[Hashable, int]]) -> None:
+        """:meth:`charge` by key, owing the tokens of requests not running;
+        unknown keys are ignored."""
+        get = self._by_key.get
+        self.owe(self.charge((t, n) for key, n in produced if (t := get(key)) is not None))
+
+    def charge_outputs(
+        self,
+        outputs: list[Any],
+        id_attr: str = "request_id",
+        tokens_attr: str = "new_token_ids",
+    ) -> None:
+        """Charge one step's output objects: ``len(out.<tokens_attr>)`` tokens to
+        the request keyed ``out.<id_attr>``.
+
+        The common step (every output from a running request, each request
+        once) is one ``decode_outputs`` call: the core reads the objects itself,
+        with no Python-level loop. It charges nothing when an output is not
+        from a running request or a request repeats (it is all or nothing);
+        that step is then charged output by output (:meth:`charge_keys`).
+        """
+        if not outputs:
+            return
+        try:
+            self.core.decode_outputs(
+                outputs, self.overrides, missing="hash", id_attr=id_attr, tokens_attr=tokens_attr
+            )
+        except _CHARGE_ERRORS:
+            ids = map(operator.attrgetter(id_attr), outputs)
+            counts = map(len, map(operator.attrgetter(tokens_attr), outputs))
+            self.charge_keys(zip(ids, counts))
+
+
+class TenantTrace:
+    """What each tenant got, as JSON lines appended to a file.
+
+    Enabled by ``VTC_TRACE_FILE`` (every ``VTC_TRACE_INTERVAL`` seconds, default
+    0.1, while the engine steps): ``{"t": <monotonic seconds>, "tokens": {tenant:
+    generated tokens so far}, "queued": {tenant: requests waiting or running}}``.
+    Written by both shells: vLLM's :class:`vtc.vllm.VTCScheduler` and
+    :class:`vtc.vllm.TenantTracingScheduler` (vLLM's stock policy, so the two
+    can be compared on the same workload), and the SGLang plugin.
+    """
+
+    def __init__(self, path: str, interval: float = 0.1) -> None:
+        self._file = open(path, "a", buffering=1, encoding="utf-8")
+        self.interval = interval
+        self.tokens: dict[str, int] = {}
+        self._last = 0.0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> TenantTrace | None:
+        """The trace ``VTC_TRACE_FILE`` asks for (every ``VTC_TRACE_INTERVAL`` s), or None."""
+        if config.trace_file is None:
+            return None
+        return cls(config.trace_file, config.trace_interval)
+
+    def add(self, tenant: str, tokens: int) -> None:
+        """``tenant`` got ``tokens`` more generated tokens."""
+        self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
+
+    def maybe_write(self, queued: Callable[[], Mapping[str, int]]) -> None:
+        """Append a record if ``interval`` has passed since the last one."""
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            record = {"t": now, "tokens": self.tokens, "queued": dict(queued())}
+            self._file.write(json.dumps(record) + "\n")

@@ -41,7 +41,9 @@ the plugin loads, with a message naming it. Idle tenants whose
 state can no longer affect a decision are forgotten every
 :data:`vtc.adapter.FORGET_EVERY` arrivals and whenever ``VTC_MAX_TENANTS``
 would be exceeded (:class:`vtc.adapter.Tenancy`, shared with vLLM), so memory
-follows the live tenants, not every tenant ever seen.
+follows the live tenants, not every tenant ever seen. With ``VTC_TRACE_FILE``
+the plugin appends the JSON-lines trace of the tokens each tenant got
+(:class:`vtc.adapter.TenantTrace`, the same as vLLM's).
 
 Only the unified (non-disaggregated) scheduler is hooked; in disaggregated
 prefill/decode modes the plugin leaves SGLang's own order in place.
@@ -53,14 +55,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vtc import (
-    MAX_BUDGET,
-    InvalidArgumentError,
-    RequestStateError,
-    Scheduler,
-    UnknownRequestError,
-)
-from vtc.adapter import Tenancy
+from vtc import MAX_BUDGET, Scheduler
+from vtc.adapter import RUNNING, WAITING, Requests, Tenancy, TenantTrace
 from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
 
 logger = logging.getLogger(__name__)
@@ -120,6 +116,7 @@ class VtcState:
         wp: float = 1.0,
         wq: float = 2.0,
         max_tenants: int = 10_000,
+        trace: TenantTrace | None = None,
     ) -> None:
         self.core = Scheduler(M=ENGINE_M, wp=wp, wq=wq, policy="vtc")
         self.tenant_key = tenant_key
@@ -131,10 +128,10 @@ class VtcState:
             max_tenants=max_tenants,
         )
         self.tenancy = Tenancy(self.core, config, log=logger)  # sets the weights
-        self._next_id = 0
-        self._ids: dict[int, int] = {}  # id(Req) -> core request id
-        self._reqs: dict[int, _Req] = {}  # core request id -> Req (keeps id(Req) unique)
-        self._charged: dict[int, int] = {}  # core request id -> output tokens charged
+        # Keyed by id(Req) (SGLang's rid strings may repeat); each record keeps
+        # its Req alive, so the key stays unique while the request is tracked.
+        self.requests = Requests(self.core)
+        self.trace = trace  # VTC_TRACE_FILE: the tokens each tenant got
         self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
         self.queue: list[_Req] | None = None  # the waiting queue that pass walks
 
@@ -149,13 +146,15 @@ class VtcState:
             wp=config.wp,
             wq=config.wq,
             max_tenants=config.max_tenants,
+            trace=TenantTrace.from_config(config),
         )
 
     # -- lookups ------------------------------------------------------------------------
 
     def request_id(self, req: _Req) -> int | None:
         """The core's id for a tracked request, else None."""
-        return self._ids.get(id(req))
+        t = self.requests.get(id(req))
+        return None if t is None else t.rid
 
     def status(self, req: _Req) -> str | None:
         """``"waiting"``, ``"running"`` or None (not tracked) in the core."""
@@ -164,7 +163,7 @@ class VtcState:
 
     def tracked(self) -> int:
         """Requests this state holds a mapping for (tests: stale-state checks)."""
-        return len(self._reqs)
+        return len(self.requests)
 
     def tenant(self, req: _Req) -> str:
         """The tenant of ``req`` under this state's tenant key."""
@@ -174,62 +173,52 @@ class VtcState:
 
     def enqueue(self, req: _Req) -> None:
         """``req`` entered the waiting queue: a new request, or a running one sent back."""
-        rid = self.request_id(req)
-        if rid is not None:
-            status = self.core.status(rid)
-            if status == "running":
-                self.core.preempt(rid)
+        t = self.requests.get(id(req))
+        if t is not None:
+            state = self.requests.status(t)
+            if state == WAITING:
                 return
-            if status == "waiting":
+            if state == RUNNING:
+                self.requests.put_back(t)  # preempted
                 return
-            self._forget(rid)
-        prompt = len(req.origin_input_ids)
-        self._next_id += 1
-        rid = self._next_id
+            self.requests.release(t.key)
         tenant = self.tenancy.arrive(tenant_fields(req, self.tenant_key))
-        self.core.submit(rid, tenant, max(1, prompt))
-        self._ids[id(req)] = rid
-        self._reqs[rid] = req
-        self._charged[rid] = len(req.output_ids)
+        t = self.requests.submit(id(req), req, tenant, len(req.origin_input_ids))
+        t.charged = len(req.output_ids)  # what it generated before is not charged
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""
-        rid = self.request_id(req)
-        if rid is None:
-            return
-        if self.core.status(rid) is not None:
-            self.core.cancel(rid)
-        self._forget(rid)
+        self.requests.release(id(req))
 
     def sync_waiting(self, queue: list[_Req]) -> None:
         """Make the core's waiting set equal to ``queue`` (a safety net: requests
         that left or entered through paths not hooked are dropped or submitted)."""
         present = {id(r) for r in queue}
-        tracked = list(self._reqs.items())
-        states = self.core.statuses([rid for rid, _ in tracked])
-        for (_, req), state in zip(tracked, states):
-            if state == "waiting" and id(req) not in present:
-                self.drop(req)
+        tracked = list(self.requests)
+        states = self.core.statuses([t.rid for t in tracked])
+        for t, state in zip(tracked, states):
+            if state == WAITING and t.key not in present:
+                self.requests.release(t.key)
         if self.core.num_waiting != len(queue):
-            rids = [self._ids.get(id(req)) for req in queue]
-            known = [rid for rid in rids if rid is not None]
-            state_of = dict(zip(known, self.core.statuses(known)))
-            for req, rid in zip(queue, rids):
-                if rid is None or state_of[rid] != "waiting":
+            get = self.requests.get
+            known = {id(req): t for req in queue if (t := get(id(req))) is not None}
+            state_of = dict(zip(known, self.core.statuses([t.rid for t in known.values()])))
+            for req in queue:
+                if state_of.get(id(req)) != WAITING:
                     self.enqueue(req)
 
     def put_head_first(self, queue: list[_Req]) -> None:
         """Move the core's next choice to the front of SGLang's waiting queue."""
         self.queue = queue
-        head = self.core.peek()
+        head = self.requests.head()
         if head is None:
             return
-        self._move_after(queue, self._reqs[head], -1)
+        self._move_after(queue, head.request, -1)
 
     def is_head(self, req: _Req) -> bool:
         """Whether ``req`` is the request the core would admit next."""
-        rid = self.request_id(req)
-        return rid is not None and rid == self.core.peek()
+        head = self.requests.head()
+        return head is not None and head.request is req
 
     def admitted(self, req: _Req) -> None:
         """SGLang admitted ``req`` (the core's head) to a prefill batch: charge it.
@@ -239,16 +228,17 @@ class VtcState:
         Then the core's next choice is moved right after ``req`` in the queue
         SGLang is walking.
         """
-        prompt = max(1, len(req.origin_input_ids))
-        cached = min(max(0, int(req.prefix_len)), prompt)
-        self.core.pop(cached_len=cached)
+        t = self.requests.get(id(req))
+        if t is None:  # pragma: no cover - is_head() said it is the core's head
+            return
+        self.requests.admit(t, int(req.prefix_len))
         queue = self.queue
-        head = self.core.peek()
+        head = self.requests.head()
         if queue is None or head is None:
             return
         pos = next((i for i, r in enumerate(queue) if r is req), None)
         if pos is not None:
-            self._move_after(queue, self._reqs[head], pos)
+            self._move_after(queue, head.request, pos)
 
     @staticmethod
     def _move_after(queue: list[_Req], req: _Req, pos: int) -> None:
@@ -261,79 +251,42 @@ class VtcState:
     def batch_done(self, reqs: list[_Req]) -> None:
         """A batch result was processed: charge new output tokens, release finished requests.
 
-        The common batch (every tracked request running, each once) is charged
-        with one ``decode`` call and no per-request core call; the core rejects
-        anything else as a whole, and that batch takes the careful path.
+        The new tokens of every request in the batch (each once, however often
+        it appears) are charged in one core call
+        (:meth:`vtc.adapter.Requests.charge`); a request that is not running
+        owes them until it is admitted again.
         """
-        ids_of, charged = self._ids, self._charged
-        ids: list[int] = []
-        tokens: list[int] = []
+        get = self.requests.get
+        produced = []
         for req in reqs:
-            rid = ids_of.get(id(req))
-            if rid is not None:
-                n = len(req.output_ids) - charged[rid]
+            t = get(id(req))
+            if t is not None:
+                n = len(req.output_ids) - t.charged
                 if n > 0:
-                    ids.append(rid)
-                    tokens.append(n)
-        try:
-            if ids:
-                self.core.decode(ids, tokens)
-        except (UnknownRequestError, RequestStateError, InvalidArgumentError):
-            # a request not running (or gone), or one given twice: charged nothing
-            self._charge_running(reqs)
-        else:
-            for rid, n in zip(ids, tokens):
-                charged[rid] += n
-        self._release_finished(reqs)
-
-    def _charge_running(self, reqs: list[_Req]) -> None:
-        """Charge the new output tokens of the running requests among ``reqs``
-        (each once); the others are charged when they run again."""
-        ids: list[int] = []
-        tokens: list[int] = []
-        seen: set[int] = set()
-        rids = [rid for rid in map(self.request_id, reqs) if rid is not None]
-        running = {rid for rid, st in zip(rids, self.core.statuses(rids)) if st == "running"}
+                    t.charged += n
+                    produced.append((t, n))
+        idle = self.requests.charge(produced)
+        for t, n in idle:  # not running: charged when it runs again
+            t.charged -= n
+        trace = self.trace
+        if trace is not None:
+            for t, n in produced:
+                trace.add(t.tenant, n)
+            for t, n in idle:
+                trace.add(t.tenant, -n)
+            trace.maybe_write(self.requests.queued)
         for req in reqs:
-            rid = self.request_id(req)
-            if rid is None or rid in seen or rid not in running:
-                continue
-            seen.add(rid)
-            n = len(req.output_ids)
-            if n > self._charged[rid]:
-                ids.append(rid)
-                tokens.append(n - self._charged[rid])
-                self._charged[rid] = n
-        if ids:
-            self.core.decode(ids, tokens)
-
-    def _release_finished(self, reqs: list[_Req]) -> None:
-        done = [rid for req in reqs if req.finished() and (rid := self.request_id(req)) is not None]
-        if not done:
-            return
-        for rid, state in zip(done, self.core.statuses(done)):
-            if rid not in self._reqs:
-                continue  # the same request twice in the batch: released already
-            if state == "running":
-                self.core.finish(rid)
-            elif state is not None:  # waiting (or set aside)
-                self.core.cancel(rid)
-            self._forget(rid)
+            if req.finished():
+                self.requests.release(id(req), finished=True)
 
     def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
         """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""
         for req in reqs:
-            rid = self.request_id(req)
-            if rid is not None and self.core.status(rid) == "running":
-                self.core.preempt(rid)
+            t = self.requests.get(id(req))
+            if t is not None and self.requests.status(t) == RUNNING:
+                self.requests.put_back(t)
         for req in aborted:
             self.drop(req)
-
-    def _forget(self, rid: int) -> None:
-        req = self._reqs.pop(rid, None)
-        if req is not None:
-            self._ids.pop(id(req), None)
-        self._charged.pop(rid, None)
 
 
 _STATE: VtcState | None = None

@@ -61,14 +61,10 @@ tokens each tenant got (:class:`TenantTrace`), which
 
 from __future__ import annotations
 
-import json
-import operator
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import RequestQueue, SchedulingPolicy
@@ -76,7 +72,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
-from vtc.adapter import Tenancy
+from vtc.adapter import ASIDE, RUNNING, WAITING, Requests, Tenancy, TenantTrace, Tracked
 from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
@@ -92,14 +88,6 @@ __all__ = [
 ]
 
 logger = init_logger("vllm.vtc")
-
-
-_WAITING = "waiting"  # waiting in the core, visible in the queue
-_PENDING = "pending"  # popped by vLLM, not yet settled (the core still has it waiting)
-_RUNNING = "running"  # admitted: running in the core
-_ASIDE = "aside"  # popped and skipped by vLLM this step: set aside in the core too
-_REQUEST_ID = operator.attrgetter("request_id")
-_NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
 
 
 def tenant_fields(request: Request, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, Any]:
@@ -125,20 +113,6 @@ def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | Non
 
 VTCConfig = EngineConfig
 """The integration's settings: :class:`vtc.config.EngineConfig` (kept under this name)."""
-
-
-@dataclass(eq=False)
-class _Entry:
-    """What the integration knows about one vLLM request."""
-
-    rid: int  # the core's id for it
-    request: Request
-    tenant: str
-    prompt_len: int  # clamped to [1, M]
-    where: str = _WAITING
-    paid: bool = False  # its prefill has been charged
-    owed: int = 0  # tokens produced while the core had it waiting (async stale output)
-    aside_seq: int = 0
 
 
 def _admitted(request: Request) -> bool:
@@ -179,50 +153,39 @@ class VTCRequestQueue(RequestQueue):
     def __init__(self, core: vtc.Scheduler, tenant_of: Callable[[Request], str]) -> None:
         self.core = core
         self._tenant_of = tenant_of
-        self._entries: dict[str, _Entry] = {}  # vLLM request id -> entry
-        # vLLM request id -> core id, for the rare request whose core id is not
-        # vtc.key_id(its id) (taken by another live request when it arrived).
-        self._overrides: dict[str, int] = {}
-        self._by_rid: dict[int, _Entry] = {}  # core id -> entry
-        self._pending: _Entry | None = None
-        self._aside: dict[str, _Entry] = {}
+        self.requests = Requests(core)  # keyed by vLLM request id
+        self._pending: Tracked | None = None
+        self._aside: dict[str, int] = {}  # vLLM request id -> order it was set aside in
         self._aside_seq = 0
-        self._M = core.M
 
     # -- bookkeeping -------------------------------------------------------
-    def _register(self, request: Request) -> _Entry:
-        # The core id is the hash of vLLM's id, so that charging a step's
-        # outputs needs no lookup here (decode_outputs(missing="hash")).
-        request_id = request.request_id
-        rid = vtc.key_id(request_id)
-        if rid in self._by_rid:  # taken by a live request: the next free id
-            while rid in self._by_rid:
-                rid = (rid + 1) % (1 << 64)
-            self._overrides[request_id] = rid
-        prompt_len = min(max(int(request.num_prompt_tokens), 1), self._M)
-        entry = _Entry(rid, request, self._tenant_of(request), prompt_len)
-        self._entries[request_id] = entry
-        self._by_rid[rid] = entry
-        return entry
+    def _submit(self, request: Request) -> None:
+        self.requests.submit(
+            request.request_id, request, self._tenant_of(request), request.num_prompt_tokens
+        )
 
-    def _submit(self, entry: _Entry) -> None:
-        self.core.submit(entry.rid, entry.tenant, entry.prompt_len)
-        entry.where = _WAITING
+    @property
+    def _by_rid(self) -> dict[int, Tracked]:
+        return self.requests._by_rid
 
-    def entry(self, request_id: str) -> _Entry | None:
+    @property
+    def _overrides(self) -> dict[Any, int]:
+        return self.requests.overrides
+
+    def entry(self, request_id: str) -> Tracked | None:
         """The integration's record of a vLLM request (None if it has none)."""
-        return self._entries.get(request_id)
+        return self.requests.get(request_id)
 
     def core_id(self, request_id: str) -> int | None:
         """The core's integer id of a vLLM request id (None if untracked)."""
-        entry = self._entries.get(request_id)
-        return None if entry is None else entry.rid
+        t = self.requests.get(request_id)
+        return None if t is None else t.rid
 
     def __contains__(self, request: object) -> bool:
         if not isinstance(request, Request):
             return False
-        entry = self._entries.get(request.request_id)
-        return entry is not None and entry.where == _WAITING
+        t = self.requests.get(request.request_id)
+        return t is not None and t is not self._pending and self.requests.status(t) == WAITING
 
     # -- settling provisional pops ----------------------------------------
     def settle(self, num_scheduled_tokens: Mapping[str, int] | None = None) -> None:
@@ -232,76 +195,62 @@ class VTCRequestQueue(RequestQueue):
         ``schedule()``, when vLLM has already advanced ``num_computed_tokens`` by
         it; the prefix-cache hit is what was computed before that.
         """
-        entry = self._pending
-        if entry is None:
+        t = self._pending
+        if t is None:
             return
         self._pending = None
-        request = entry.request
+        request = t.request
         if not _admitted(request):
-            rid = self.core.set_aside()
-            if rid != entry.rid:  # pragma: no cover - would be a bug in this module
-                raise RuntimeError(f"VTC core set aside {rid}, vLLM skipped {entry.rid}")
-            entry.where = _ASIDE
+            self.requests.set_aside(t)
             self._aside_seq += 1
-            entry.aside_seq = self._aside_seq
-            self._aside[request.request_id] = entry
+            self._aside[request.request_id] = self._aside_seq
             return
         computed = request.num_computed_tokens
         if num_scheduled_tokens is not None and request.status == RequestStatus.RUNNING:
             computed -= num_scheduled_tokens.get(request.request_id, 0)
-        cached = entry.prompt_len if entry.paid else min(max(computed, 0), entry.prompt_len)
-        rid = self.core.pop(cached_len=cached)
-        if rid != entry.rid:  # pragma: no cover - would be a bug in this module
-            raise RuntimeError(f"VTC core admitted {rid}, vLLM admitted {entry.rid}")
-        entry.where = _RUNNING
-        entry.paid = True
-        if entry.owed:
-            owed, entry.owed = entry.owed, 0
-            self.core.decode([entry.rid], [owed])
+        # (a preempted request's prompt is never charged again, whatever is cached)
+        self.requests.admit(t, computed)
 
     # -- RequestQueue ------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """A request arrives (or a paused session returns): submit it to the core."""
         if self._pending is not None:
             self.settle()
-        entry = self._entries.get(request.request_id)
-        if entry is None:
-            self._submit(self._register(request))
+        t = self.requests.get(request.request_id)
+        if t is None:
+            self._submit(request)
         else:
-            self._put_back([entry])
+            self._put_back([t])
 
     def peek_request(self) -> Request:
         """The request the VTC policy admits next (IndexError if none waits)."""
         if self._pending is not None:
             self.settle()
-        rid = self.core.peek()
-        if rid is None:
+        t = self.requests.head()
+        if t is None:
             raise IndexError("peek from an empty VTC queue")
-        return self._by_rid[rid].request
+        return t.request
 
     def pop_request(self) -> Request:
         """Take the request ``peek_request()`` names; settled at the next call."""
         if self._pending is not None:
             self.settle()
-        rid = self.core.peek()
-        if rid is None:
+        t = self.requests.head()
+        if t is None:
             raise IndexError("pop from an empty VTC queue")
-        entry = self._by_rid[rid]
-        entry.where = _PENDING
-        self._pending = entry
-        return entry.request
+        self._pending = t
+        return t.request
 
-    def _put_back(self, entries: list[_Entry]) -> None:
+    def _put_back(self, tracked: list[Tracked]) -> None:
         # Latest set aside first, so that the earliest ends up at the head.
-        aside = sorted((e for e in entries if e.where == _ASIDE), key=lambda e: -e.aside_seq)
-        for entry in aside:
-            del self._aside[entry.request.request_id]
-            self.core.put_back(entry.rid)
-            entry.where = _WAITING
-        # Preempt the latest first, so that the earliest ends up at the head.
-        for entry in reversed([e for e in entries if e.where == _RUNNING]):
-            self.core.preempt(entry.rid)
-            entry.where = _WAITING
+        states = self.core.statuses([t.rid for t in tracked])
+        aside = [t for t, state in zip(tracked, states) if state == ASIDE]
+        aside.sort(key=lambda t: -self._aside[t.key])
+        # Then preempt the latest first, so that the earliest ends up at the head.
+        running = [t for t, state in zip(tracked, states) if state == RUNNING]
+        for t in aside + running[::-1]:
+            self._aside.pop(t.key, None)
+            self.requests.put_back(t)
 
     def prepend_request(self, request: Request) -> None:
         """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""
@@ -311,14 +260,14 @@ class VTCRequestQueue(RequestQueue):
         """Put back requests popped this step: skipped ones re-enter, running ones
         are preempted; none is charged."""
         self.settle()
-        entries = []
+        tracked = []
         for request in requests:
-            entry = self._entries.get(request.request_id)
-            if entry is None:
-                self._submit(self._register(request))
+            t = self.requests.get(request.request_id)
+            if t is None:
+                self._submit(request)
             else:
-                entries.append(entry)
-        self._put_back(entries)
+                tracked.append(t)
+        self._put_back(tracked)
 
     def remove_request(self, request: Request) -> None:
         """The request is finished or aborted: forget it."""
@@ -333,62 +282,26 @@ class VTCRequestQueue(RequestQueue):
     def forget(self, request_id: str, finished: bool = False) -> None:
         """Drop every trace of a request (no-op if untracked): ``finish`` in the core
         if it ran to completion, ``cancel`` otherwise."""
-        entry = self._entries.pop(request_id, None)
-        if entry is None:
+        t = self.requests.release(request_id, finished)
+        if t is None:
             return
-        del self._by_rid[entry.rid]
-        if self._overrides:
-            self._overrides.pop(request_id, None)
-        if self._pending is entry:
+        if self._pending is t:
             self._pending = None
-        if entry.where == _ASIDE:  # set aside in the core: nothing charged
-            del self._aside[request_id]
-            self.core.cancel(entry.rid)
-        elif entry.where == _RUNNING and finished:
-            self.core.finish(entry.rid)
-        else:  # waiting, pending (still waiting in the core) or running and aborted
-            self.core.cancel(entry.rid)
+        if self._aside:
+            self._aside.pop(request_id, None)
 
     def charge(self, produced: Mapping[str, int]) -> None:
         """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
-        self._charge_pairs(produced.items())
-
-    def _charge_pairs(self, produced: Iterable[tuple[str, int]]) -> None:
-        """Charge ``(vLLM request id, tokens)`` pairs (an id may repeat) in one core
-        call; tokens of a request preempted meanwhile are owed until re-admission,
-        unknown ids are ignored."""
-        per_rid: dict[int, int] = {}
-        for request_id, n in produced:
-            entry = self._entries.get(request_id)
-            if entry is None or n <= 0:
-                continue
-            if entry.where == _RUNNING:
-                per_rid[entry.rid] = per_rid.get(entry.rid, 0) + n
-            else:  # preempted with output still in flight: charged on re-admission
-                entry.owed += n
-        if per_rid:
-            n = len(per_rid)
-            self.core.decode(
-                np.fromiter(per_rid.keys(), dtype=np.uint64, count=n),
-                np.fromiter(per_rid.values(), dtype=np.uint64, count=n),
-            )
+        self.requests.charge_keys(produced.items())
 
     def record_outputs(self, outputs: Iterable[Any], finished: Iterable[str] | None = None) -> None:
         """One step's ``EngineCoreOutputs``: charge the tokens each request really
-        produced (one core call), then forget the requests that finished.
+        produced (one core call, :meth:`vtc.adapter.Requests.charge_outputs`),
+        then forget the requests that finished.
 
         ``finished``: the ids of the requests vLLM freed (its scheduler's
         ``finished_req_ids``), so that finding them costs nothing per output;
         without it, the outputs with a ``finish_reason`` are looked at.
-
-        The common step (every output from a running request, each request
-        once) is one ``decode_outputs`` call: the core reads each output's
-        ``request_id`` and ``new_token_ids`` itself, with no Python-level loop
-        (a request's core id is the hash of its vLLM id, see
-        :meth:`_register`). It charges nothing when an output is not from a
-        running request (e.g. preempted with output in flight, or unknown) or
-        a request repeats (it is all or nothing); that step is then charged
-        output by output (:meth:`_charge_pairs`).
         """
         groups = list(outputs)  # one per API-server client: one here
         if len(groups) == 1:
@@ -397,26 +310,18 @@ class VTCRequestQueue(RequestQueue):
             outs = [out for engine_outputs in groups for out in engine_outputs.outputs]
         if not outs:
             return
-        try:
-            self.core.decode_outputs(outs, self._overrides, missing="hash")
-        except (vtc.UnknownRequestError, vtc.RequestStateError, vtc.InvalidArgumentError):
-            self._charge_pairs(zip(map(_REQUEST_ID, outs), map(len, map(_NEW_TOKEN_IDS, outs))))
+        self.requests.charge_outputs(outs)
         if finished is None:
             finished = [out.request_id for out in outs if out.finish_reason is not None]
         for request_id in finished:
-            entry = self._entries.get(request_id)
+            t = self.requests.get(request_id)
             # A resumable (streaming-input) request stops a turn without finishing.
-            if entry is not None and entry.request.is_finished():
+            if t is not None and t.request.is_finished():
                 self.forget(request_id, finished=True)
 
     def requests_by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
         """How many requests each tenant has waiting and admitted (for logs; O(requests))."""
-        waiting: dict[str, int] = {}
-        running: dict[str, int] = {}
-        for entry in self._entries.values():
-            counts = running if entry.where == _RUNNING else waiting
-            counts[entry.tenant] = counts.get(entry.tenant, 0) + 1
-        return waiting, running
+        return self.requests.by_tenant()
 
     @property
     def num_aside(self) -> int:
@@ -425,7 +330,7 @@ class VTCRequestQueue(RequestQueue):
 
     def tracked(self) -> int:
         """Requests the integration holds state for (0 once all are finished)."""
-        return len(self._entries)
+        return len(self.requests)
 
     def __bool__(self) -> bool:
         return len(self) > 0
@@ -437,43 +342,9 @@ class VTCRequestQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[Request]:
         self.settle()
-        return iter([e.request for e in self._entries.values() if e.where == _WAITING])
-
-
-class TenantTrace:
-    """What each tenant got, as JSON lines appended to a file.
-
-    Enabled by ``VTC_TRACE_FILE`` (every ``VTC_TRACE_INTERVAL`` seconds, default
-    0.1, while the engine steps): ``{"t": <monotonic seconds>, "tokens": {tenant:
-    generated tokens so far}, "queued": {tenant: requests waiting or running}}``.
-    Written by :class:`VTCScheduler` and by :class:`TenantTracingScheduler`
-    (vLLM's stock policy), so the two can be compared on the same workload.
-    """
-
-    def __init__(self, path: str, interval: float = 0.1) -> None:
-        self._file = open(path, "a", buffering=1, encoding="utf-8")
-        self.interval = interval
-        self.tokens: dict[str, int] = {}
-        self._last = 0.0
-
-    @classmethod
-    def from_config(cls, config: EngineConfig) -> TenantTrace | None:
-        """The trace ``VTC_TRACE_FILE`` asks for (every ``VTC_TRACE_INTERVAL`` s), or None."""
-        if config.trace_file is None:
-            return None
-        return cls(config.trace_file, config.trace_interval)
-
-    def add(self, tenant: str, tokens: int) -> None:
-        """``tenant`` got ``tokens`` more generated tokens."""
-        self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
-
-    def maybe_write(self, queued: Callable[[], Mapping[str, int]]) -> None:
-        """Append a record if ``interval`` has passed since the last one."""
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            record = {"t": now, "tokens": self.tokens, "queued": dict(queued())}
-            self._file.write(json.dumps(record) + "\n")
+        tracked = list(self.requests)
+        states = self.core.statuses([t.rid for t in tracked])
+        return iter([t.request for t, state in zip(tracked, states) if state == WAITING])
 
 
 def _count_tenants(requests: Iterable[Request], tenant_of: Mapping[str, str]) -> dict[str, int]:
@@ -550,14 +421,8 @@ class _VTCMixin:
         # (and aborts, which finish_requests already forgot).
         queue.record_outputs(outputs.values(), getattr(self, "finished_req_ids", None))
         if trace is not None:
-            trace.maybe_write(self._vtc_queued)
+            trace.maybe_write(queue.requests.queued)
         return outputs
-
-    def _vtc_queued(self) -> dict[str, int]:
-        waiting, running = self.waiting.requests_by_tenant()
-        for tenant, n in running.items():
-            waiting[tenant] = waiting.get(tenant, 0) + n
-        return waiting
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's abort/error path; the finished requests leave the core too."""

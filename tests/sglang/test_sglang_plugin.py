@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import json
 
 import pytest
 import torch
@@ -73,6 +74,28 @@ def test_decode_is_charged_from_process_batch_result() -> None:
     step(s, running)  # tokens already charged are never charged again
     assert core().counter("a") == 4.0 + 2.0 * 6
     assert core().generated(vs.get_state().request_id(a)) == 6
+
+
+def test_the_trace_records_each_tenants_tokens_as_vllms_does(tmp_path) -> None:
+    """VTC_TRACE_FILE: the same JSON-lines trace as vLLM's, written after a batch
+    result; a waiting request's tokens count when they are charged, once."""
+    path = tmp_path / "trace.jsonl"
+    vs.reset_state(vs.VtcState.from_env({"VTC_TRACE_FILE": str(path), "VTC_TRACE_INTERVAL": "0"}))
+    s = make_scheduler()
+    a, b = make_req("a", 4), make_req("b", 4)
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    s.model.tokens = {a.rid: 3}
+    step(s, running)
+    step(s, running)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 2
+    assert records[0]["tokens"] == {"a": 3, "b": 1} and records[0]["queued"] == {"a": 1, "b": 1}
+    assert records[1]["tokens"] == {"a": 6, "b": 2}
+    assert records[0]["t"] <= records[1]["t"]
+    state = vs.get_state()
+    gen = {state.tenant(r): state.core.generated(state.request_id(r)) for r in (a, b)}
+    assert gen == records[1]["tokens"]  # the trace says what the core charged
 
 
 def test_a_batch_with_a_waiting_or_repeated_request_is_charged_request_by_request() -> None:

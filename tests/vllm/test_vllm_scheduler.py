@@ -30,6 +30,7 @@ from vllm_harness import (
 
 import vtc
 from vtc import reference
+from vtc.adapter import Requests
 from vtc.vllm import (
     AsyncVTCScheduler,
     TenantTracingScheduler,
@@ -150,9 +151,9 @@ def test_core_ids_that_collide_are_moved_and_charged_the_same(model_dir: str, mo
     step's charging consults. With every id taken on arrival, every request
     moves, and the charges are the same, each step in one decode_outputs call."""
     slow_steps = []  # the per-output path: a step decode_outputs could not charge
-    charge_pairs = VTCRequestQueue._charge_pairs
+    charge_keys = Requests.charge_keys
     monkeypatch.setattr(
-        VTCRequestQueue, "_charge_pairs", lambda q, p: slow_steps.append(1) or charge_pairs(q, p)
+        Requests, "charge_keys", lambda q, p: slow_steps.append(1) or charge_keys(q, p)
     )
     ids = [f"collide-{i}" for i in range(5)]
 
