@@ -8,7 +8,7 @@ import logging
 import pytest
 
 import vtc
-from vtc.adapter import ASIDE, RUNNING, WAITING, Requests, Tenancy
+from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Requests, Tenancy, format_counters
 from vtc.config import EngineConfig
 
 
@@ -178,3 +178,36 @@ def test_a_key_whose_hash_is_taken_gets_the_next_free_id_and_outputs_still_charg
     assert (core.generated(7), core.generated(8)) == (1, 2)
     reqs.release(twin, finished=True)
     assert reqs.overrides == {}
+
+
+# -- Adapter: one engine's VTC, and its log line -----------------------------------
+
+
+def test_the_adapter_bills_arrivals_and_logs_counters_at_its_interval(caplog):
+    core = vtc.Scheduler(M=10_000)
+    adapter = Adapter(core, EngineConfig(weights={"gold": 2.0}, log_interval=1e-9))
+    t = adapter.arrive("r1", None, ["gold"], 10)
+    assert (t.tenant, core.weight("gold"), adapter.requests.get("r1")) == ("gold", 2.0, t)
+    adapter.requests.admit(t, 0)
+    with caplog.at_level(logging.INFO, logger="vtc"):
+        assert adapter.maybe_log()
+    assert caplog.records[-1].getMessage() == (
+        "VTC tenant counter (service) waiting/running: gold=5 (5) 0/1"
+    )
+    quiet = Adapter(vtc.Scheduler(M=100), EngineConfig(log_interval=0))
+    quiet.arrive("r", None, ["a"], 1)
+    assert not quiet.maybe_log()  # an interval of 0: never
+    assert adapter.trace is None  # no VTC_TRACE_FILE
+
+
+def test_the_log_line_quotes_names_that_could_break_it_and_is_bounded():
+    evil = ["line\nbreak", "a=1", "x, y", "plain"]
+    counters = {name: float(i) for i, name in enumerate(evil)}
+    line = format_counters(counters, {}, {}, {"plain": 2})
+    assert "\n" not in line
+    assert '"line\\nbreak"=0 (0) 0/0' in line and '"a=1"=1' in line and '"x, y"=2' in line
+    assert "plain=3 (0) 0/2" in line
+    many = {f"t{i}": float(i) for i in range(100)}
+    line = format_counters(many, {}, {}, {}, most=5)
+    assert line.count("=") == 5 and line.endswith("(+95 more tenants)")
+    assert "t99=99" in line and "t10=" not in line  # the most served are named

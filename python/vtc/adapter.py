@@ -9,7 +9,12 @@ the shared work here step by step):
 * :class:`Requests` maps the engine's requests onto core ids, makes every
   state change of a request in the core (submit, admit, set aside, put back,
   preempt, release), and charges a step's tokens in one core call, with the
-  per-request fallback for the rare step one call cannot take.
+  per-request fallback for the rare step one call cannot take;
+* :class:`TenantTrace` writes what each tenant got (``VTC_TRACE_FILE``);
+* :class:`Adapter` holds one engine's core with the three above, and the
+  periodic log line; each shell drives one.
+
+``docs/architecture.md`` draws the data path through these parts.
 """
 
 from __future__ import annotations
@@ -30,13 +35,16 @@ from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestEr
 
 __all__ = [
     "ASIDE",
+    "Adapter",
     "FORGET_EVERY",
+    "LOG_TENANTS",
     "RUNNING",
     "WAITING",
     "Requests",
     "Tenancy",
     "TenantTrace",
     "Tracked",
+    "format_counters",
 ]
 
 FORGET_EVERY = 4096
@@ -383,3 +391,79 @@ class TenantTrace:
             self._last = now
             record = {"t": now, "tokens": self.tokens, "queued": dict(queued())}
             self._file.write(json.dumps(record) + "\n")
+
+
+LOG_TENANTS = 20
+"""Tenants named in one log line (the most served); the others are counted."""
+
+
+def _name(tenant: str) -> str:
+    """A tenant name safe in a log line: as is if plain, else JSON-quoted."""
+    if tenant.isprintable() and not any(c in tenant for c in " ,=()/\"'"):
+        return tenant
+    return json.dumps(tenant)
+
+
+def format_counters(
+    counters: Mapping[str, float],
+    services: Mapping[str, float],
+    waiting: Mapping[str, int],
+    running: Mapping[str, int],
+    most: int = LOG_TENANTS,
+) -> str:
+    """``tenant=counter (service) waiting/running, ...`` for the ``most`` tenants
+    with the largest counters, names quoted when they are not plain (a name
+    cannot break the line or fake an entry), then how many were left out."""
+    shown = sorted(counters, key=lambda t: (-counters[t], t))[:most]
+    parts = [
+        f"{_name(t)}={counters[t]:.0f} ({services.get(t, 0.0):.0f}) "
+        f"{waiting.get(t, 0)}/{running.get(t, 0)}"
+        for t in sorted(shown)
+    ]
+    if len(counters) > len(shown):
+        parts.append(f"(+{len(counters) - len(shown)} more tenants)")
+    return ", ".join(parts)
+
+
+class Adapter:
+    """One engine's VTC: its core, :class:`Tenancy`, :class:`Requests`, the
+    :class:`TenantTrace` ``config`` asks for, and the log line every
+    ``config.log_interval`` seconds. Each engine shell drives one."""
+
+    def __init__(
+        self,
+        core: Scheduler,
+        config: EngineConfig,
+        *,
+        forget_every: int = FORGET_EVERY,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.core = core
+        self.config = config
+        self._log = log or _log
+        self.tenancy = Tenancy(core, config, forget_every=forget_every, log=self._log)
+        self.requests = Requests(core)
+        self.trace = TenantTrace.from_config(config)
+        self._last_log = time.monotonic()
+
+    def arrive(
+        self, key: Hashable, request: Any, fields: Iterable[Any], prompt_len: int
+    ) -> Tracked:
+        """A new request: bill it to the tenant its ``fields`` name, and submit it."""
+        return self.requests.submit(key, request, self.tenancy.arrive(fields), prompt_len)
+
+    def maybe_log(self) -> bool:
+        """Log the tenant counters if ``config.log_interval`` seconds have passed
+        (never with an interval of 0); whether it logged."""
+        interval = self.config.log_interval
+        now = time.monotonic()
+        if interval <= 0 or now - self._last_log < interval:
+            return False
+        self._last_log = now
+        counters = self.tenancy.counters()
+        if not counters:
+            return False
+        waiting, running = self.requests.by_tenant()
+        line = format_counters(counters, self.tenancy.services(), waiting, running)
+        self._log.info("VTC tenant counter (service) waiting/running: %s", line)
+        return True

@@ -2,51 +2,19 @@
 
 Install ``vtc`` next to SGLang and start the server with ``SGLANG_PLUGINS=vtc``:
 SGLang's plugin loader (``sglang.srt.plugins.load_plugins``) calls
-:func:`register`, which puts AROUND hooks on a handful of SGLang methods.
-Nothing else in SGLang changes: its memory checks, chunked prefill, prefix
-cache and retraction logic all run as before. The policy itself lives in one
-:class:`vtc.Scheduler` per scheduler process (the Rust core); this module only
-translates SGLang events into core calls:
+:func:`register`, which puts AROUND hooks (:data:`HOOKS`) on a handful of
+SGLang methods. Nothing else in SGLang changes: its memory checks, chunked
+prefill, prefix cache and retraction logic all run as before. The policy
+lives in one :class:`vtc.Scheduler` per scheduler process (the Rust core);
+this module is the SGLang-shaped shell over :mod:`vtc.adapter` that
+translates SGLang's events into adapter calls. Admission follows VTC
+exactly: the hooks keep the core's next choice right after the last admitted
+request and refuse any other (no skipping), so the requests SGLang admits
+are exactly the sequence ``pop()`` would give. Only the unified
+(non-disaggregated) scheduler is hooked.
 
-===========================================  =========================================
-SGLang event (hooked method)                 core call
-===========================================  =========================================
-a request enters the waiting queue           ``submit`` (which applies the lift)
-(``Scheduler._add_request_to_queue``)        or ``preempt`` if it was running
-prefill pass orders the queue                ``peek``: the core's choice goes first
-(``SchedulePolicy.calc_priority``)
-prefill pass admits a request                only the core's choice may be admitted;
-(``PrefillAdder.add_one_req``)               then ``pop(cached_len=prefix hit)``
-a batch result arrives                       ``decode`` (new output tokens),
-(``Scheduler.process_batch_result``)         ``finish`` for finished requests
-decode out of memory retracts requests       ``preempt`` (never charged twice),
-(``ScheduleBatch.retract_decode``)           ``cancel`` for the ones it aborts
-an abort removes waiting requests            ``cancel``
-(``Scheduler.abort_request``)
-===========================================  =========================================
-
-Admission follows VTC exactly: SGLang's prefill loop walks the waiting queue
-and stops at the first request that does not fit; the hooks keep the core's
-next choice right after the last admitted request, and refuse any other
-request (no skipping), so the requests SGLang admits are exactly the
-sequence ``pop()`` would give.
-
-Tenant of a request: the first of ``sampling_params.custom_params[VTC_TENANT_KEY]``
-(default key ``"tenant"``), ``routing_key`` and ``lora_id`` that names a
-tenant, else :data:`DEFAULT_TENANT`; a malformed value is treated as absent,
-never an error. Weights (``VTC_WEIGHTS="gold=2,free=0.5"``, ``VTC_WEIGHTS_FILE``),
-prices (``VTC_WP``, ``VTC_WQ``) and the tenant rule are those of
-:mod:`vtc.config`, shared with vLLM; a malformed value stops the server when
-the plugin loads, with a message naming it. Idle tenants whose
-state can no longer affect a decision are forgotten every
-:data:`vtc.adapter.FORGET_EVERY` arrivals and whenever ``VTC_MAX_TENANTS``
-would be exceeded (:class:`vtc.adapter.Tenancy`, shared with vLLM), so memory
-follows the live tenants, not every tenant ever seen. With ``VTC_TRACE_FILE``
-the plugin appends the JSON-lines trace of the tokens each tenant got
-(:class:`vtc.adapter.TenantTrace`, the same as vLLM's).
-
-Only the unified (non-disaggregated) scheduler is hooked; in disaggregated
-prefill/decode modes the plugin leaves SGLang's own order in place.
+The hook table, the tenant rule and every ``VTC_*`` variable:
+``docs/sglang.md``; the data path: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vtc import MAX_BUDGET, Scheduler
-from vtc.adapter import RUNNING, WAITING, Requests, Tenancy, TenantTrace
+from vtc.adapter import RUNNING, WAITING, Adapter
 from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
 
 logger = logging.getLogger(__name__)
@@ -109,45 +77,26 @@ class VtcState:
     ``rid`` strings may repeat), mapped to dense integer ids for the core.
     """
 
-    def __init__(
-        self,
-        tenant_key: str = DEFAULT_TENANT_KEY,
-        weights: Mapping[str, float] | None = None,
-        wp: float = 1.0,
-        wq: float = 2.0,
-        max_tenants: int = 10_000,
-        trace: TenantTrace | None = None,
-    ) -> None:
-        self.core = Scheduler(M=ENGINE_M, wp=wp, wq=wq, policy="vtc")
-        self.tenant_key = tenant_key
-        config = EngineConfig(
-            tenant_key=tenant_key,
-            weights=dict(weights or {}),
-            wp=wp,
-            wq=wq,
-            max_tenants=max_tenants,
-        )
-        self.tenancy = Tenancy(self.core, config, log=logger)  # sets the weights
+    def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
+        """``config``, or an :class:`vtc.config.EngineConfig` of ``fields``."""
+        config = EngineConfig(**fields) if config is None else config
+        self.config = config
+        self.core = Scheduler(M=ENGINE_M, wp=config.wp, wq=config.wq, policy="vtc")
+        self.tenant_key = config.tenant_key
+        self.adapter = Adapter(self.core, config, log=logger)  # sets the weights
+        self.tenancy = self.adapter.tenancy
         # Keyed by id(Req) (SGLang's rid strings may repeat); each record keeps
         # its Req alive, so the key stays unique while the request is tracked.
-        self.requests = Requests(self.core)
-        self.trace = trace  # VTC_TRACE_FILE: the tokens each tenant got
+        self.requests = self.adapter.requests
+        self.trace = self.adapter.trace  # VTC_TRACE_FILE: the tokens each tenant got
         self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
         self.queue: list[_Req] | None = None  # the waiting queue that pass walks
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VtcState:
-        """Build from the ``VTC_*`` variables (:class:`vtc.config.EngineConfig`:
-        tenant key, weights, token prices); a malformed one raises ``ConfigError``."""
-        config = EngineConfig.from_env(environ)
-        return cls(
-            tenant_key=config.tenant_key,
-            weights=config.weights,
-            wp=config.wp,
-            wq=config.wq,
-            max_tenants=config.max_tenants,
-            trace=TenantTrace.from_config(config),
-        )
+        """Build from the ``VTC_*`` variables (:class:`vtc.config.EngineConfig`);
+        a malformed one raises ``ConfigError``."""
+        return cls(EngineConfig.from_env(environ))
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -182,8 +131,8 @@ class VtcState:
                 self.requests.put_back(t)  # preempted
                 return
             self.requests.release(t.key)
-        tenant = self.tenancy.arrive(tenant_fields(req, self.tenant_key))
-        t = self.requests.submit(id(req), req, tenant, len(req.origin_input_ids))
+        fields = tenant_fields(req, self.tenant_key)
+        t = self.adapter.arrive(id(req), req, fields, len(req.origin_input_ids))
         t.charged = len(req.output_ids)  # what it generated before is not charged
 
     def drop(self, req: _Req) -> None:
@@ -275,6 +224,7 @@ class VtcState:
             for t, n in idle:
                 trace.add(t.tenant, -n)
             trace.maybe_write(self.requests.queued)
+        self.adapter.maybe_log()
         for req in reqs:
             if req.finished():
                 self.requests.release(id(req), finished=True)

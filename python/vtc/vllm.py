@@ -5,63 +5,20 @@ Serve with VTC by naming the scheduler class; nothing else changes::
     vllm serve MODEL --scheduler-cls vtc.vllm.VTCScheduler
 
 (``LLM(..., scheduler_cls="vtc.vllm.VTCScheduler")`` offline;
-:class:`AsyncVTCScheduler` is the variant for ``--async-scheduling``.)
+:class:`AsyncVTCScheduler` is the variant for ``--async-scheduling``;
+:class:`TenantTracingScheduler` is vLLM's stock policy writing the same
+per-tenant trace, to measure before switching.)
 
-How it fits into vLLM
----------------------
-vLLM's ``Scheduler.schedule()`` serves running requests first, then walks its
-waiting queue with ``peek_request()``/``pop_request()`` and stops at the first
-request whose KV blocks cannot be allocated. This module replaces that queue
-(``self.waiting``) with :class:`VTCRequestQueue`, whose order is decided by one
-``vtc.Scheduler`` (the Rust core) in engine mode: ``peek()``/``pop()``/
-``preempt()``/``decode(ids, tokens)``. vLLM keeps doing its own memory checks, so
-the core's KV budget ``M`` (the engine's KV capacity in tokens) is never used to
-refuse anything.
-
-Charging follows the engine, not the queue operations:
-
-* **Arrival**: ``submit`` (the core lifts a returning tenant to the floor).
-* **Prefill**: only when vLLM really admits the request. vLLM pops requests it
-  then skips (grammar still compiling, LoRA slots full, KV still loading ...)
-  and puts back. A pop is therefore provisional: it is settled at the next
-  queue operation (or at the end of ``schedule()``), when vLLM has either made
-  the request ``RUNNING`` (admitted: ``pop(cached_len=...)`` charges the prompt
-  minus its prefix-cache hit) or set it aside (the core's ``set_aside`` takes
-  it out of its queue without charging it, and ``put_back`` returns it with
-  its place when vLLM puts it back).
-* **Decode**: in ``update_from_output()``, the tokens each request really
-  produced in the step (several with speculative decoding), in one
-  ``decode(ids, tokens)`` call.
-* **Preemption**: vLLM puts the victim back at the head of the waiting queue;
-  the core's ``preempt`` does the same and never charges its prompt again.
-* **Finish/abort**: ``finish``/``cancel``, leaving nothing behind.
-
-Tenants and weights
--------------------
-A request's tenant is ``sampling_params.extra_args[KEY]`` (the OpenAI server's
-``vllm_xargs``), ``KEY`` from ``VTC_TENANT_KEY`` (default ``"tenant"``); without
-one, the LoRA adapter's name; otherwise ``"default"``. A tenant that is not a
-str or int, is empty or longer than 128 characters is treated as absent: a
-request is never refused for its tenant. Ints and their decimal strings name
-the same tenant. Weights: ``VTC_WEIGHTS="gold=2,free=0.5"`` and/or a JSON object
-in the file named by ``VTC_WEIGHTS_FILE`` (the variable wins on a clash).
-``VTC_WP``/``VTC_WQ`` set the prompt/generated token prices (default 1 and 2).
-Every variable and the tenant rule are those of :mod:`vtc.config`, shared with
-SGLang; a malformed value stops the server with a message naming it.
-The tenant field is chosen by the caller: set or overwrite it at a trusted
-gateway.
-
-Observing
----------
-``tenant_counters()``/``tenant_services()`` on the scheduler; a log line every
-``VTC_LOG_INTERVAL`` seconds; with ``VTC_TRACE_FILE`` a JSON-lines trace of the
-tokens each tenant got (:class:`TenantTrace`), which
-:class:`TenantTracingScheduler` also writes for vLLM's stock policy.
+This module is the vLLM-shaped shell over :mod:`vtc.adapter`: it replaces
+vLLM's waiting queue with :class:`VTCRequestQueue`, ordered by one
+``vtc.Scheduler`` (the Rust core) in engine mode, and translates vLLM's
+events into adapter calls. vLLM keeps making every memory decision. What is
+charged and when, the tenant rule and every ``VTC_*`` variable:
+``docs/vllm.md``; the data path: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
@@ -72,7 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
-from vtc.adapter import ASIDE, RUNNING, WAITING, Requests, Tenancy, TenantTrace, Tracked
+from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Requests, Tenancy, TenantTrace, Tracked
 from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
@@ -150,10 +107,15 @@ class VTCRequestQueue(RequestQueue):
     Iteration yields waiting requests in arrival order, not admission order.
     """
 
-    def __init__(self, core: vtc.Scheduler, tenant_of: Callable[[Request], str]) -> None:
+    def __init__(
+        self,
+        core: vtc.Scheduler,
+        tenant_of: Callable[[Request], str],
+        requests: Requests | None = None,
+    ) -> None:
         self.core = core
         self._tenant_of = tenant_of
-        self.requests = Requests(core)  # keyed by vLLM request id
+        self.requests = Requests(core) if requests is None else requests  # by vLLM id
         self._pending: Tracked | None = None
         self._aside: dict[str, int] = {}  # vLLM request id -> order it was set aside in
         self._aside_seq = 0
@@ -163,14 +125,6 @@ class VTCRequestQueue(RequestQueue):
         self.requests.submit(
             request.request_id, request, self._tenant_of(request), request.num_prompt_tokens
         )
-
-    @property
-    def _by_rid(self) -> dict[int, Tracked]:
-        return self.requests._by_rid
-
-    @property
-    def _overrides(self) -> dict[Any, int]:
-        return self.requests.overrides
 
     def entry(self, request_id: str) -> Tracked | None:
         """The integration's record of a vLLM request (None if it has none)."""
@@ -370,15 +324,14 @@ class _VTCMixin:
         capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
         self.vtc_config = config
         self.vtc = vtc.Scheduler(M=capacity, wp=config.wp, wq=config.wq, policy="vtc")
-        self.vtc_tenancy = Tenancy(self.vtc, config, log=logger)
+        self.vtc_adapter = Adapter(self.vtc, config, log=logger)
+        self.vtc_tenancy = self.vtc_adapter.tenancy
         self._vtc_warned_aside = False
-        self._vtc_last_log = time.monotonic()
-        self._vtc_trace = TenantTrace.from_config(config)
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
-        self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant)
+        self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant, self.vtc_adapter.requests)
         logger.info(
             "VTC fair scheduling: M=%d tokens, wp=%g, wq=%g, tenant key %r, weights %s",
             capacity,
@@ -410,7 +363,7 @@ class _VTCMixin:
         self.waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         queue = self.waiting
-        trace = self._vtc_trace
+        trace = self.vtc_adapter.trace
         if trace is not None:
             for engine_outputs in outputs.values():
                 for out in engine_outputs.outputs:
@@ -435,21 +388,8 @@ class _VTCMixin:
     def make_stats(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's stats; every ``VTC_LOG_INTERVAL`` s also logs the tenant counters."""
         stats = super().make_stats(*args, **kwargs)
-        interval = self.vtc_config.log_interval
-        now = time.monotonic()
-        if stats is not None and interval > 0 and now - self._vtc_last_log >= interval:
-            self._vtc_last_log = now
-            counters, services = self.tenant_counters(), self.tenant_services()
-            if counters:
-                waiting, running = self.waiting.requests_by_tenant()
-                logger.info(
-                    "VTC tenant counter (service) waiting/running: %s",
-                    ", ".join(
-                        f"{t}={c:.0f} ({services.get(t, 0.0):.0f}) "
-                        f"{waiting.get(t, 0)}/{running.get(t, 0)}"
-                        for t, c in sorted(counters.items())
-                    ),
-                )
+        if stats is not None:
+            self.vtc_adapter.maybe_log()
         return stats
 
     def tenant_counters(self) -> dict[str, float]:

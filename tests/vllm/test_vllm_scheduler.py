@@ -164,7 +164,7 @@ def test_core_ids_that_collide_are_moved_and_charged_the_same(model_dir: str, mo
         squatter = object()
         if taken:  # as if live requests held each id (they hold no state in the core)
             for request_id in ids:
-                queue._by_rid[vtc.key_id(request_id)] = squatter
+                queue.requests._by_rid[vtc.key_id(request_id)] = squatter
         for i, (request_id, tenant) in enumerate(zip(ids, "abcab")):
             s.add_request(make_request(tenant, 40 + 4 * i, 40, request_id=request_id))
         most_moved = 0
@@ -173,9 +173,9 @@ def test_core_ids_that_collide_are_moved_and_charged_the_same(model_dir: str, mo
                 break
             step(s)
             core_ids_consistent(s)
-            most_moved = max(most_moved, len(queue._overrides))
-        for rid in [r for r, e in queue._by_rid.items() if e is squatter]:
-            del queue._by_rid[rid]
+            most_moved = max(most_moved, len(queue.requests.overrides))
+        for rid in [r for r, e in queue.requests._by_rid.items() if e is squatter]:
+            del queue.requests._by_rid[rid]
         return s.tenant_services(), s, most_moved
 
     expected, _, moved = run(taken=False)
@@ -184,7 +184,8 @@ def test_core_ids_that_collide_are_moved_and_charged_the_same(model_dir: str, mo
     assert moved == len(ids)
     assert services == expected
     assert_empty(s)
-    assert not s.waiting._overrides and not s.waiting._by_rid  # forgotten with their requests
+    # forgotten with their requests
+    assert not s.waiting.requests.overrides and not s.waiting.requests._by_rid
     assert not slow_steps  # every step was charged by one decode_outputs call
 
 
