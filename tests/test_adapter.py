@@ -3,12 +3,22 @@ shared by the vLLM and SGLang shells, with a real core and no engine."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
 import vtc
-from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Requests, Tenancy, format_counters
+from vtc.adapter import (
+    ASIDE,
+    RUNNING,
+    WAITING,
+    Adapter,
+    Observer,
+    Requests,
+    Tenancy,
+    format_counters,
+)
 from vtc.config import EngineConfig
 
 
@@ -211,3 +221,96 @@ def test_the_log_line_quotes_names_that_could_break_it_and_is_bounded():
     line = format_counters(many, {}, {}, {}, most=5)
     assert line.count("=") == 5 and line.endswith("(+95 more tenants)")
     assert "t99=99" in line and "t10=" not in line  # the most served are named
+
+
+# -- observers: where shared counters and metrics plug in ---------------------------
+
+
+class Recorder(Observer):
+    """Records every call, as (point, what) with requests named by key."""
+
+    def __init__(self):
+        self.calls = []
+
+    def admitted(self, t, prompt_tokens):
+        self.calls.append(("admitted", t.key, prompt_tokens))
+
+    def charged(self, produced):
+        self.calls.append(("charged", sorted((t.key, n) for t, n in produced)))
+
+    def preempted(self, t):
+        self.calls.append(("preempted", t.key))
+
+    def released(self, t, finished):
+        self.calls.append(("released", t.key, finished))
+
+    def forgot(self, tenants):
+        self.calls.append(("forgot", tenants))
+
+    def stepped(self, adapter):
+        self.calls.append(("stepped", adapter.core.num_running))
+
+
+def test_observers_see_every_charge_preemption_release_step_and_forget():
+    rec = Recorder()
+    core = vtc.Scheduler(M=10_000)
+    adapter = Adapter(core, EngineConfig(), observers=[rec], forget_every=10**6)
+    a = adapter.arrive("a1", None, ["a"], 10)
+    b = adapter.arrive("b1", None, ["b"], 8)
+    reqs = adapter.requests
+    reqs.admit(a, 4)
+    reqs.admit(b, 0)
+    reqs.charge_outputs([Out("a1", 2), Out("b1", 1)])  # the one-call path
+    reqs.put_back(b)  # preempted
+    reqs.charge_outputs([Out("a1", 1), Out("b1", 3)])  # refused whole: output by output
+    adapter.step_done()
+    reqs.admit(b, 8)  # back: no prompt charge, then the 3 tokens it owed
+    # what they saw is what the core charged (wp=1, wq=2)
+    assert core.services() == {"a": 6 + 2 * 3, "b": 8 + 2 * 4}
+    reqs.release("a1", finished=True)
+    reqs.release("b1")  # cancelled
+    adapter.tenancy.forget_idle()
+    assert rec.calls == [
+        ("admitted", "a1", 6),
+        ("admitted", "b1", 8),
+        ("charged", [("a1", 2), ("b1", 1)]),
+        ("preempted", "b1"),
+        ("charged", [("a1", 1)]),
+        ("stepped", 1),
+        ("admitted", "b1", 0),
+        ("charged", [("b1", 3)]),
+        ("released", "a1", True),
+        ("released", "b1", False),
+        ("forgot", ["a"]),  # b, the last to leave, holds the floor
+    ]
+
+
+def test_a_failing_observer_is_logged_once_and_scheduling_goes_on(caplog):
+    class Broken(Observer):
+        def charged(self, produced):
+            raise RuntimeError("boom")
+
+    rec = Recorder()
+    core = vtc.Scheduler(M=100)
+    adapter = Adapter(core, EngineConfig(), observers=[Broken(), rec])
+    t = adapter.arrive("r", None, ["a"], 5)
+    adapter.requests.admit(t, 0)
+    with caplog.at_level(logging.ERROR, logger="vtc"):
+        adapter.requests.charge([(t, 1)])
+        adapter.requests.charge([(t, 1)])
+    assert core.generated(t.rid) == 2  # charged both times
+    assert [c[0] for c in rec.calls] == ["admitted", "charged", "charged"]  # the next one ran
+    failures = [r for r in caplog.records if "observer" in r.getMessage()]
+    assert len(failures) == 1 and "in charged" in failures[0].getMessage()
+
+
+def test_the_trace_is_an_observer_of_charged_tokens(tmp_path):
+    path = tmp_path / "t.jsonl"
+    core = vtc.Scheduler(M=100)
+    adapter = Adapter(core, EngineConfig(trace_file=str(path), trace_interval=0.0))
+    t = adapter.arrive("r", None, ["a"], 5)
+    adapter.requests.admit(t, 0)
+    adapter.requests.charge([(t, 3)])
+    adapter.step_done()
+    record = [json.loads(line) for line in path.read_text().splitlines()][-1]
+    assert record["tokens"] == {"a": 3} and record["queued"] == {"a": 1}

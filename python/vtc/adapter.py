@@ -38,6 +38,7 @@ __all__ = [
     "Adapter",
     "FORGET_EVERY",
     "LOG_TENANTS",
+    "Observer",
     "RUNNING",
     "WAITING",
     "Requests",
@@ -51,6 +52,54 @@ FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 
 _log = logging.getLogger("vtc")
+
+
+class Observer:
+    """Where shared counters and metrics plug in: the adapter calls each of its
+    observers at these points, in order. Every method here does nothing;
+    override the ones you need.
+
+    Calls are synchronous, on the engine's scheduling thread, right after the
+    core call they report: keep them cheap. An observer that raises is logged
+    (once per observer and point) and skipped; scheduling goes on.
+    """
+
+    def admitted(self, t: Tracked, prompt_tokens: int) -> None:
+        """``t`` was admitted; ``prompt_tokens`` of its prompt were charged (its
+        prefix-cache hit excluded; 0 when a preempted request comes back)."""
+
+    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
+        """Generated tokens were charged, ``(request, tokens)`` (a request once)."""
+
+    def preempted(self, t: Tracked) -> None:
+        """``t`` went back to waiting; its prompt is not charged again."""
+
+    def released(self, t: Tracked, finished: bool) -> None:
+        """``t`` left: it ran to completion (``finished``) or was cancelled."""
+
+    def forgot(self, tenants: list[str]) -> None:
+        """The core forgot these idle tenants (``forget_idle``)."""
+
+    def stepped(self, adapter: Adapter) -> None:
+        """The engine finished a step (its outputs are charged)."""
+
+
+class _Observers(list):
+    """The observers of one adapter, called safely (see :class:`Observer`)."""
+
+    def __init__(self, observers: Iterable[Observer] = (), log: logging.Logger | None = None):
+        super().__init__(observers)
+        self._log = log or _log
+        self._failed: set[tuple[int, str]] = set()
+
+    def notify(self, point: str, *args: Any) -> None:
+        for o in self:
+            try:
+                getattr(o, point)(*args)
+            except Exception:
+                if (id(o), point) not in self._failed:
+                    self._failed.add((id(o), point))
+                    self._log.exception("VTC: observer %r failed in %s; skipped", o, point)
 
 
 class Tenancy:
@@ -74,6 +123,7 @@ class Tenancy:
         *,
         forget_every: int = FORGET_EVERY,
         log: logging.Logger | None = None,
+        observers: _Observers | None = None,
     ) -> None:
         if forget_every < 1:
             raise ValueError(f"forget_every must be >= 1, got {forget_every}")
@@ -81,6 +131,7 @@ class Tenancy:
         self.config = config
         self.forget_every = forget_every
         self._log = log or _log
+        self.observers = _Observers(log=self._log) if observers is None else observers
         for tenant, weight in config.weights.items():
             core.set_weight(tenant, weight)
         self._known: set[str] = set(config.weights)
@@ -114,9 +165,13 @@ class Tenancy:
 
     def forget_idle(self) -> int:
         """Let the core forget idle tenants now; how many it forgot."""
+        before = set(self.core.clients()) if self.observers else None
         n = self.core.forget_idle()
         if n:
-            self._known = {str(k) for k in self.core.clients()} | set(self.config.weights)
+            clients = self.core.clients()
+            self._known = {str(k) for k in clients} | set(self.config.weights)
+            if before is not None:
+                self.observers.notify("forgot", sorted(map(str, before.difference(clients))))
         return n
 
     @property
@@ -161,6 +216,7 @@ class Tracked:
     tenant: str
     prompt_len: int  # as submitted: clamped to [1, M]
     owed: int = 0  # tokens produced while not running: charged when admitted again
+    admissions: int = 0  # times admitted (its prompt is charged at the first)
     charged: int = 0  # for a shell that sees cumulative output counts (SGLang)
 
 
@@ -175,8 +231,9 @@ class Requests:
     (``status(rid)``): nothing here can fall out of step with it.
     """
 
-    def __init__(self, core: Scheduler) -> None:
+    def __init__(self, core: Scheduler, observers: _Observers | None = None) -> None:
         self.core = core
+        self.observers = _Observers() if observers is None else observers
         self._by_key: dict[Hashable, Tracked] = {}
         self._by_rid: dict[int, Tracked] = {}
         #: key -> core id, for the keys whose id is not ``key_id(key)``
@@ -252,9 +309,15 @@ class Requests:
         rid = self.core.pop(cached_len=cached)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
-        if t.owed:
-            owed, t.owed = t.owed, 0
+        t.admissions += 1
+        owed, t.owed = t.owed, 0
+        if owed:
             self.core.decode([rid], [owed])
+        if self.observers:
+            first = t.admissions == 1
+            self.observers.notify("admitted", t, t.prompt_len - cached if first else 0)
+            if owed:
+                self.observers.notify("charged", [(t, owed)])
 
     def set_aside(self, t: Tracked) -> None:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
@@ -270,6 +333,8 @@ class Requests:
             self.core.put_back(t.rid)
         elif state == RUNNING:
             self.core.preempt(t.rid)
+            if self.observers:
+                self.observers.notify("preempted", t)
 
     def release(self, key: Hashable, finished: bool = False) -> Tracked | None:
         """The request leaves: ``finish`` if it ran to completion, else ``cancel``;
@@ -281,10 +346,13 @@ class Requests:
         if self.overrides:
             self.overrides.pop(key, None)
         state = self.core.status(t.rid)
-        if state == RUNNING and finished:
+        done = state == RUNNING and finished
+        if done:
             self.core.finish(t.rid)
         elif state is not None:
             self.core.cancel(t.rid)
+        if self.observers:
+            self.observers.notify("released", t, done)
         return t
 
     # -- charging --------------------------------------------------------------------
@@ -305,16 +373,17 @@ class Requests:
             return []
         try:
             _decode(self.core, per_rid)
-            return []
+            idle = []
         except _CHARGE_ERRORS:
-            pass
-        states = self.core.statuses(list(per_rid))
-        idle = [(rid, n) for (rid, n), state in zip(per_rid.items(), states) if state != RUNNING]
-        for rid, _ in idle:
-            del per_rid[rid]
-        if per_rid:
-            _decode(self.core, per_rid)
+            states = self.core.statuses(list(per_rid))
+            idle = [(r, n) for (r, n), state in zip(per_rid.items(), states) if state != RUNNING]
+            for rid, _ in idle:
+                del per_rid[rid]
+            if per_rid:
+                _decode(self.core, per_rid)
         by_rid = self._by_rid
+        if self.observers and per_rid:
+            self.observers.notify("charged", [(by_rid[r], n) for r, n in per_rid.items()])
         return [(by_rid[rid], n) for rid, n in idle if rid in by_rid]
 
     @staticmethod
@@ -346,17 +415,22 @@ class Requests:
         """
         if not outputs:
             return
+        ids = operator.attrgetter(id_attr)
+        counts = operator.attrgetter(tokens_attr)
         try:
             self.core.decode_outputs(
                 outputs, self.overrides, missing="hash", id_attr=id_attr, tokens_attr=tokens_attr
             )
         except _CHARGE_ERRORS:
-            ids = map(operator.attrgetter(id_attr), outputs)
-            counts = map(len, map(operator.attrgetter(tokens_attr), outputs))
-            self.charge_keys(zip(ids, counts))
+            self.charge_keys(zip(map(ids, outputs), map(len, map(counts, outputs))))
+            return
+        if self.observers:  # charged in the core: tell them what, in Python
+            get = self._by_key.get
+            produced = [(get(ids(o)), len(counts(o))) for o in outputs]
+            self.observers.notify("charged", [(t, n) for t, n in produced if n > 0 and t])
 
 
-class TenantTrace:
+class TenantTrace(Observer):
     """What each tenant got, as JSON lines appended to a file.
 
     Enabled by ``VTC_TRACE_FILE`` (every ``VTC_TRACE_INTERVAL`` seconds, default
@@ -383,6 +457,15 @@ class TenantTrace:
     def add(self, tenant: str, tokens: int) -> None:
         """``tenant`` got ``tokens`` more generated tokens."""
         self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
+
+    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
+        """As an :class:`Observer`: generated tokens, by the requests' tenants."""
+        for t, n in produced:
+            self.add(t.tenant, n)
+
+    def stepped(self, adapter: Adapter) -> None:
+        """As an :class:`Observer`: a record if ``interval`` has passed."""
+        self.maybe_write(adapter.requests.queued)
 
     def maybe_write(self, queued: Callable[[], Mapping[str, int]]) -> None:
         """Append a record if ``interval`` has passed since the last one."""
@@ -437,13 +520,19 @@ class Adapter:
         *,
         forget_every: int = FORGET_EVERY,
         log: logging.Logger | None = None,
+        observers: Iterable[Observer] = (),
     ) -> None:
         self.core = core
         self.config = config
         self._log = log or _log
-        self.tenancy = Tenancy(core, config, forget_every=forget_every, log=self._log)
-        self.requests = Requests(core)
         self.trace = TenantTrace.from_config(config)
+        trace = () if self.trace is None else (self.trace,)
+        #: called at every hook point (:class:`Observer`); the trace is the first
+        self.observers = _Observers([*trace, *observers], log=self._log)
+        self.tenancy = Tenancy(
+            core, config, forget_every=forget_every, log=self._log, observers=self.observers
+        )
+        self.requests = Requests(core, self.observers)
         self._last_log = time.monotonic()
 
     def arrive(
@@ -451,6 +540,13 @@ class Adapter:
     ) -> Tracked:
         """A new request: bill it to the tenant its ``fields`` name, and submit it."""
         return self.requests.submit(key, request, self.tenancy.arrive(fields), prompt_len)
+
+    def step_done(self) -> None:
+        """The engine finished a step: the observers (the trace writes a record
+        if its interval has passed), then the log line if its interval has."""
+        if self.observers:
+            self.observers.notify("stepped", self)
+        self.maybe_log()
 
     def maybe_log(self) -> bool:
         """Log the tenant counters if ``config.log_interval`` seconds have passed

@@ -214,20 +214,12 @@ class VtcState:
                 if n > 0:
                     t.charged += n
                     produced.append((t, n))
-        idle = self.requests.charge(produced)
-        for t, n in idle:  # not running: charged when it runs again
+        for t, n in self.requests.charge(produced):  # not running: charged when it runs
             t.charged -= n
-        trace = self.trace
-        if trace is not None:
-            for t, n in produced:
-                trace.add(t.tenant, n)
-            for t, n in idle:
-                trace.add(t.tenant, -n)
-            trace.maybe_write(self.requests.queued)
-        self.adapter.maybe_log()
         for req in reqs:
             if req.finished():
                 self.requests.release(id(req), finished=True)
+        self.adapter.step_done()  # observers: the trace, shared counters, metrics
 
     def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
         """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""

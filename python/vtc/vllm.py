@@ -362,19 +362,10 @@ class _VTCMixin:
         """vLLM's update, then charge the tokens produced and release finished requests."""
         self.waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        queue = self.waiting
-        trace = self.vtc_adapter.trace
-        if trace is not None:
-            for engine_outputs in outputs.values():
-                for out in engine_outputs.outputs:
-                    entry = queue.entry(out.request_id)
-                    if entry is not None and out.new_token_ids:
-                        trace.add(entry.tenant, len(out.new_token_ids))
         # The requests vLLM freed since its last schedule(): this step's finishes
         # (and aborts, which finish_requests already forgot).
-        queue.record_outputs(outputs.values(), getattr(self, "finished_req_ids", None))
-        if trace is not None:
-            trace.maybe_write(queue.requests.queued)
+        self.waiting.record_outputs(outputs.values(), getattr(self, "finished_req_ids", None))
+        self.vtc_adapter.step_done()  # observers: the trace, shared counters, metrics
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
@@ -384,13 +375,6 @@ class _VTCMixin:
         for request in finished:
             self.waiting.forget(request.request_id)
         return finished
-
-    def make_stats(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's stats; every ``VTC_LOG_INTERVAL`` s also logs the tenant counters."""
-        stats = super().make_stats(*args, **kwargs)
-        if stats is not None:
-            self.vtc_adapter.maybe_log()
-        return stats
 
     def tenant_counters(self) -> dict[str, float]:
         """Each tenant's virtual counter (weighted service plus lifts)."""
