@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import vtc
+import vtc.config
 import vtc.reference as ref
 from helpers import state
 from vtc import _core
@@ -136,6 +137,10 @@ def test_from_snapshot_takes_only_buffers():
 
 def test_the_largest_budget_is_exported_and_agrees_with_the_reference():
     assert vtc.MAX_BUDGET == _core.MAX_BUDGET == ref.MAX_BUDGET == 2**53
+    # every limit of rust/core/src/limits.rs, the same in the executable spec
+    for name in ("MAX_REQUEST_TOKENS", "MAX_PRICE", "MIN_WEIGHT", "MAX_WEIGHT", "MAX_COUNTER"):
+        assert getattr(_core, name) == getattr(ref, name), name
+    assert vtc.config.MAX_PRICE == _core.MAX_PRICE == 1e9
     assert vtc.Scheduler(vtc.MAX_BUDGET).M == vtc.MAX_BUDGET
 
 

@@ -10,6 +10,11 @@ import numpy.typing as npt
 __version__: str
 MAX_TOKENS_PER_CALL: int
 MAX_BUDGET: int  # the largest M (2**53): every token count stays exact in a float
+MAX_REQUEST_TOKENS: int  # the most tokens one request may hold over its life (2**54)
+MAX_PRICE: float  # the largest price of a token: wp, wq, every cost coefficient (1e9)
+MIN_WEIGHT: float  # the smallest client weight (1e-6)
+MAX_WEIGHT: float  # the largest client weight (1e6)
+MAX_COUNTER: float  # the largest magnitude raise_counter accepts (1e30)
 SNAPSHOT_VERSION: int
 
 def key_id(key: Hashable, /) -> int:

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtc._core import Scheduler
+from vtc._core import MAX_PRICE, Scheduler
 from vtc.errors import InvalidArgumentError
 
 __all__ = [
@@ -228,9 +228,6 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     if value < 1:
         raise ConfigError(f"{name}={text!r} is out of range; expected an integer >= 1")
     return value
-
-
-MAX_PRICE = 1e9  # the core's limit on wp and wq (rust/core/src/limits.rs)
 
 
 @dataclass(frozen=True)

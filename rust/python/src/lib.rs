@@ -1667,6 +1667,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
     m.add("MAX_BUDGET", vtc_core::MAX_BUDGET)?;
+    m.add("MAX_REQUEST_TOKENS", vtc_core::MAX_REQUEST_TOKENS)?;
+    m.add("MAX_PRICE", vtc_core::limits::MAX_PRICE)?;
+    m.add("MIN_WEIGHT", vtc_core::limits::MIN_WEIGHT)?;
+    m.add("MAX_WEIGHT", vtc_core::limits::MAX_WEIGHT)?;
+    m.add("MAX_COUNTER", vtc_core::limits::MAX_COUNTER)?;
     m.add("SNAPSHOT_VERSION", vtc_core::SNAPSHOT_VERSION)?;
     Ok(())
 }
