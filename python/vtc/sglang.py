@@ -88,7 +88,6 @@ class VtcState:
         # Keyed by id(Req) (SGLang's rid strings may repeat); each record keeps
         # its Req alive, so the key stays unique while the request is tracked.
         self.requests = self.adapter.requests
-        self.trace = self.adapter.trace  # VTC_TRACE_FILE: the tokens each tenant got
         self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
         self.queue: list[_Req] | None = None  # the waiting queue that pass walks
 
