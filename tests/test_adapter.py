@@ -190,6 +190,87 @@ def test_a_key_whose_hash_is_taken_gets_the_next_free_id_and_outputs_still_charg
     assert reqs.overrides == {}
 
 
+def test_put_back_all_restores_set_aside_order_then_prepends_running_in_order():
+    core, reqs = tracked_pair()
+    for i in (1, 2, 3, 4, 5):
+        reqs.submit(f"a{i}", None, "a", 10)
+    reqs.admit(reqs.head(), 0)  # a1, a2 run
+    reqs.admit(reqs.head(), 0)
+    reqs.set_aside(reqs.head())  # a3, a4 skipped by the engine, in this order
+    reqs.set_aside(reqs.head())
+    assert reqs.num_aside == 2 and reqs.head().key == "a5"
+    counter = core.counter("a")
+    statuses = []
+    reqs.core = type("Spy", (), {"__getattr__": lambda _, n: getattr(core, n)})()
+    reqs.core.status = lambda rid: (statuses.append(rid), core.status(rid))[1]
+    get = reqs.get
+    reqs.put_back_all([get("a4"), get("a2"), get("a5"), get("a3"), get("a1")])
+    assert statuses == []  # one statuses() call, no status() per request
+    reqs.core = core
+    assert reqs.num_aside == 0 and core.counter("a") == counter  # nothing charged
+    order = []
+    while (t := reqs.head()) is not None:
+        order.append(t.key)
+        reqs.admit(t, 10)
+    # the preempted ones as given (a2 before a1), then the set-aside ones in the
+    # order they were set aside, then a5, which waited all along
+    assert order == ["a2", "a1", "a3", "a4", "a5"]
+
+
+def test_released_requests_leave_the_set_aside_record():
+    _, reqs = tracked_pair()
+    a = reqs.submit("a", None, "a", 10)
+    reqs.set_aside(a)
+    reqs.release("a")
+    assert reqs.num_aside == 0 and len(reqs) == 0
+
+
+def test_charge_totals_charges_what_is_new_once_and_later_what_was_not_running():
+    core, reqs = tracked_pair()
+    a = reqs.submit("a", None, "a", 10)
+    b = reqs.submit("b", None, "b", 10)
+    reqs.admit(a, 0)
+    reqs.admit(b, 0)
+    reqs.charge_totals([("a", 3), ("b", 2), ("a", 3), ("gone", 9)])  # a repeats
+    assert (core.generated(a.rid), core.generated(b.rid)) == (3, 2)
+    reqs.charge_totals([("a", 3), ("b", 1)])  # nothing new (a count never goes back)
+    assert (core.generated(a.rid), core.generated(b.rid), a.charged) == (3, 2, 3)
+    reqs.put_back(b)  # preempted with a token in flight
+    reqs.charge_totals([("a", 4), ("b", 3)])
+    assert (core.generated(a.rid), core.generated(b.rid), b.charged) == (4, 2, 2)
+    reqs.admit(b, 0)
+    reqs.charge_totals([("b", 3)])  # found again once it runs
+    assert core.generated(b.rid) == 3
+
+
+def test_sync_waiting_makes_the_core_waiting_set_the_engines():
+    core, reqs = tracked_pair()
+    running = reqs.submit("run", "R", "b", 10)
+    reqs.admit(running, 0)
+    kept = reqs.submit("kept", "K", "a", 10)
+    reqs.submit("gone", "G", "a", 10)
+    entered = []
+    reqs.sync_waiting({"kept": "K", "run": "R", "new": "N"}, entered.append)
+    # gone: released; kept stays; run is running, not waiting: handed over, as is new
+    assert reqs.get("gone") is None and reqs.status(kept) == WAITING
+    assert sorted(entered) == ["N", "R"] and reqs.status(running) == RUNNING
+    entered.clear()
+    reqs.sync_waiting({"kept": "K"}, entered.append)  # counts agree: nothing to enqueue
+    assert entered == [] and core.num_waiting == 1
+
+
+def test_enqueue_puts_back_what_the_core_holds_and_bills_what_is_new():
+    core = vtc.Scheduler(M=10_000)
+    adapter = Adapter(core, EngineConfig())
+    t = adapter.enqueue("r", None, ["a"], 10, charged=4)
+    assert (t.tenant, t.charged, adapter.requests.status(t)) == ("a", 4, WAITING)
+    assert adapter.enqueue("r", None, ["other"], 10) is t  # already waiting: stays
+    adapter.requests.admit(t, 0)
+    assert adapter.enqueue("r", None, ["a"], 10) is t  # running: preempted
+    assert adapter.requests.status(t) == WAITING and core.counter("a") == 10.0
+    assert "tenant key 'tenant'" in adapter.describe() and "all 1" in adapter.describe()
+
+
 # -- Adapter: one engine's VTC, and its log line -----------------------------------
 
 
@@ -314,3 +395,39 @@ def test_the_trace_is_an_observer_of_charged_tokens(tmp_path):
     adapter.step_done()
     record = [json.loads(line) for line in path.read_text().splitlines()][-1]
     assert record["tokens"] == {"a": 3} and record["queued"] == {"a": 1}
+
+
+def test_the_tally_traces_an_engine_vtc_does_not_schedule(tmp_path):
+    from vtc.adapter import TenantTally
+
+    assert TenantTally(EngineConfig()).trace is None  # no VTC_TRACE_FILE: nothing kept
+    path = tmp_path / "stock.jsonl"
+    tally = TenantTally(EngineConfig(trace_file=str(path), trace_interval=0.0))
+    tally.arrive("r1", [None, "acme"])
+    tally.arrive("r2", [None, None])  # no tenant field: the default tenant
+    tally.produced("r1", 3)
+    tally.produced("r2", 2)
+    tally.produced("stranger", 9)
+    tally.step_done(lambda: ["r1", "r2", "stranger"])
+    tally.left("r2")
+    assert len(tally) == 1
+    tally.produced("r2", 5)  # gone: not counted
+    tally.step_done(lambda: ["r1"])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records[0]["tokens"] == {"acme": 3, "default": 2}
+    assert records[0]["queued"] == {"acme": 1, "default": 1}
+    assert records[1] == {**records[1], "tokens": {"acme": 3, "default": 2}, "queued": {"acme": 1}}
+
+
+def test_a_step_that_leaves_a_request_set_aside_is_warned_about_once(caplog):
+    core = vtc.Scheduler(M=10_000)
+    adapter = Adapter(core, EngineConfig())
+    adapter.arrive("r", None, ["a"], 10)
+    adapter.step_done()
+    adapter.requests.set_aside(adapter.requests.head())
+    with caplog.at_level(logging.WARNING, logger="vtc"):
+        adapter.step_done()
+        adapter.step_done()
+    assert [r.getMessage() for r in caplog.records] == [
+        "VTC: 1 skipped request(s) not put back in the waiting queue"
+    ]

@@ -43,6 +43,7 @@ __all__ = [
     "WAITING",
     "Requests",
     "Tenancy",
+    "TenantTally",
     "TenantTrace",
     "Tracked",
     "format_counters",
@@ -239,6 +240,8 @@ class Requests:
         #: key -> core id, for the keys whose id is not ``key_id(key)``
         self.overrides: dict[Hashable, int] = {}
         self._M = core.M
+        self._aside: dict[Hashable, int] = {}  # key -> order it was set aside in
+        self._aside_seq = 0
 
     # -- lookups ---------------------------------------------------------------------
     def get(self, key: Hashable) -> Tracked | None:
@@ -263,6 +266,20 @@ class Requests:
     def status(self, t: Tracked) -> str | None:
         """The request's state in the core (``WAITING``, ``RUNNING``, ``ASIDE``)."""
         return self.core.status(t.rid)
+
+    def statuses(self, tracked: list[Tracked]) -> list[str | None]:
+        """:meth:`status` of each, in one core call."""
+        return self.core.statuses([t.rid for t in tracked])
+
+    def waiting(self) -> list[Tracked]:
+        """The waiting requests, in arrival order (one ``statuses`` call)."""
+        tracked = list(self._by_key.values())
+        return [t for t, state in zip(tracked, self.statuses(tracked)) if state == WAITING]
+
+    @property
+    def num_aside(self) -> int:
+        """Requests set aside and not put back yet."""
+        return len(self._aside)
 
     def queued(self) -> dict[str, int]:
         """How many requests each tenant has waiting or running."""
@@ -324,17 +341,60 @@ class Requests:
         rid = self.core.set_aside()
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
+        self._aside_seq += 1
+        self._aside[t.key] = self._aside_seq
 
-    def put_back(self, t: Tracked) -> None:
+    def put_back(self, t: Tracked, state: str | None = None) -> None:
         """Back to the head of its tenant's queue: set aside (its place, nothing
-        charged or lifted) or running (preempted: its prompt is not charged again)."""
-        state = self.core.status(t.rid)
+        charged or lifted) or running (preempted: its prompt is not charged again);
+        a waiting request stays as it is. ``state``: its :meth:`status`, if known."""
+        if state is None:
+            state = self.core.status(t.rid)
         if state == ASIDE:
             self.core.put_back(t.rid)
+            del self._aside[t.key]
         elif state == RUNNING:
             self.core.preempt(t.rid)
             if self.observers:
                 self.observers.notify("preempted", t)
+
+    def put_back_all(self, tracked: Iterable[Tracked]) -> None:
+        """:meth:`put_back` of several requests, their states read in one call.
+
+        Each goes to the head of its tenant's queue, so the order of the calls
+        decides the order they end up in: the set-aside ones first, the one set
+        aside latest first (the earliest ends up at the head, where it was);
+        then the running ones, the last given first (the first given ends up at
+        the head, as an engine that prepends them in order expects).
+        """
+        tracked = list(tracked)
+        states = self.statuses(tracked)
+        aside = [t for t, state in zip(tracked, states) if state == ASIDE]
+        aside.sort(key=lambda t: -self._aside[t.key])
+        for t in aside:
+            self.put_back(t, ASIDE)
+        for t, state in reversed(list(zip(tracked, states))):
+            if state == RUNNING:
+                self.put_back(t, RUNNING)
+
+    def sync_waiting(self, waiting: Mapping[Hashable, Any], enqueue: Callable[[Any], Any]) -> None:
+        """Make the core's waiting set the engine's ``waiting`` (key -> request):
+        a safety net for requests that left or entered by a path the shell does
+        not see. A waiting request the engine no longer holds is released; each
+        request of ``waiting`` that the core does not hold as waiting is handed
+        to ``enqueue``."""
+        tracked = list(self._by_key.values())
+        for t, state in zip(tracked, self.statuses(tracked)):
+            if state == WAITING and t.key not in waiting:
+                self.release(t.key)
+        if self.core.num_waiting == len(waiting):
+            return
+        get = self._by_key.get
+        known = {key: t for key in waiting if (t := get(key)) is not None}
+        state_of = dict(zip(known, self.statuses(list(known.values()))))
+        for key, request in waiting.items():
+            if state_of.get(key) != WAITING:
+                enqueue(request)
 
     def release(self, key: Hashable, finished: bool = False) -> Tracked | None:
         """The request leaves: ``finish`` if it ran to completion, else ``cancel``;
@@ -345,6 +405,8 @@ class Requests:
         del self._by_rid[t.rid]
         if self.overrides:
             self.overrides.pop(key, None)
+        if self._aside:
+            self._aside.pop(key, None)
         state = self.core.status(t.rid)
         done = state == RUNNING and finished
         if done:
@@ -385,6 +447,23 @@ class Requests:
         if self.observers and per_rid:
             self.observers.notify("charged", [(by_rid[r], n) for r, n in per_rid.items()])
         return [(by_rid[rid], n) for rid, n in idle if rid in by_rid]
+
+    def charge_totals(self, totals: Iterable[tuple[Hashable, int]]) -> None:
+        """Charge by cumulative counts, for an engine that reports how many
+        tokens each request has generated so far, ``(key, total)``: what is new
+        since :attr:`Tracked.charged`, in one :meth:`charge` call (a key that
+        repeats adds nothing the second time). The new tokens of a request not
+        running stay uncharged: a later count finds them again. Unknown keys
+        are ignored."""
+        get = self._by_key.get
+        produced = []
+        for key, total in totals:
+            t = get(key)
+            if t is not None and total > t.charged:
+                produced.append((t, total - t.charged))
+                t.charged = total
+        for t, n in self.charge(produced):
+            t.charged -= n
 
     @staticmethod
     def owe(idle: Iterable[tuple[Tracked, int]]) -> None:
@@ -476,6 +555,51 @@ class TenantTrace(Observer):
             self._file.write(json.dumps(record) + "\n")
 
 
+class TenantTally:
+    """The :class:`TenantTrace` of an engine that VTC does not schedule (its
+    stock policy, measured before switching): each request's tenant by key,
+    named as :class:`Tenancy` names them (without its cap), and the tokens it
+    produced. Does nothing unless ``config`` asks for a trace."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.trace = TenantTrace.from_config(config)
+        self._tenant_of: dict[Hashable, str] = {}
+
+    def __len__(self) -> int:
+        """Requests whose tenant is kept (0 once all have left)."""
+        return len(self._tenant_of)
+
+    def arrive(self, key: Hashable, fields: Iterable[Any]) -> None:
+        """A request arrives; ``fields`` are its tenant fields in the engine's order."""
+        if self.trace is not None:
+            self._tenant_of[key] = first_tenant(fields) or self.config.default_tenant
+
+    def produced(self, key: Hashable, tokens: int) -> None:
+        """The request ``key`` produced ``tokens`` more (unknown keys are ignored)."""
+        tenant = self._tenant_of.get(key)
+        if tenant is not None and tokens > 0:
+            self.trace.add(tenant, tokens)
+
+    def left(self, key: Hashable) -> None:
+        """The request ``key`` left the engine (a no-op for an unknown key)."""
+        self._tenant_of.pop(key, None)
+
+    def step_done(self, queued: Callable[[], Iterable[Hashable]]) -> None:
+        """A step ended; ``queued()`` gives the keys of the requests the engine holds
+        (read only when a record is due)."""
+        if self.trace is not None:
+            self.trace.maybe_write(lambda: self._count(queued()))
+
+    def _count(self, keys: Iterable[Hashable]) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for key in keys:
+            tenant = self._tenant_of.get(key)
+            if tenant is not None:
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
+
 LOG_TENANTS = 20
 """Tenants named in one log line (the most served); the others are counted."""
 
@@ -534,6 +658,7 @@ class Adapter:
         )
         self.requests = Requests(core, self.observers)
         self._last_log = time.monotonic()
+        self._warned_aside = False
 
     def arrive(
         self, key: Hashable, request: Any, fields: Iterable[Any], prompt_len: int
@@ -541,12 +666,52 @@ class Adapter:
         """A new request: bill it to the tenant its ``fields`` name, and submit it."""
         return self.requests.submit(key, request, self.tenancy.arrive(fields), prompt_len)
 
+    def enqueue(
+        self,
+        key: Hashable,
+        request: Any,
+        fields: Iterable[Any],
+        prompt_len: int,
+        *,
+        charged: int = 0,
+    ) -> Tracked:
+        """The engine put a request in its waiting queue. One the core holds as
+        running or set aside is put back (:meth:`Requests.put_back`); one already
+        waiting stays; any other arrives (:meth:`arrive`), with ``charged``
+        generated tokens it is not charged for (its output from before)."""
+        requests = self.requests
+        t = requests.get(key)
+        if t is not None:
+            state = requests.status(t)
+            if state in (WAITING, RUNNING, ASIDE):
+                requests.put_back(t, state)
+                return t
+            requests.release(key)
+        t = self.arrive(key, request, fields, prompt_len)
+        t.charged = charged
+        return t
+
+    def describe(self) -> str:
+        """The settings in one line, for the engine's start-up log."""
+        c = self.config
+        return (
+            f"M={self.core.M} tokens, wp={c.wp:g}, wq={c.wq:g}, "
+            f"tenant key {c.tenant_key!r}, weights {dict(c.weights) or 'all 1'}"
+        )
+
     def step_done(self) -> None:
         """The engine finished a step: the observers (the trace writes a record
         if its interval has passed), then the log line if its interval has."""
         if self.observers:
             self.observers.notify("stepped", self)
         self.maybe_log()
+        if self.requests.num_aside and not self._warned_aside:
+            # An engine puts back every request it skips within the step.
+            self._warned_aside = True
+            self._log.warning(
+                "VTC: %d skipped request(s) not put back in the waiting queue",
+                self.requests.num_aside,
+            )
 
     def maybe_log(self) -> bool:
         """Log the tenant counters if ``config.log_interval`` seconds have passed

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vtc import MAX_BUDGET, Scheduler
-from vtc.adapter import RUNNING, WAITING, Adapter
+from vtc.adapter import Adapter
 from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
 
 logger = logging.getLogger(__name__)
@@ -55,13 +55,8 @@ def tenant_fields(req: _Req, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, ...]:
 
 
 def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
-    """The tenant a request is billed to.
-
-    The first of its :func:`tenant_fields` that names a tenant
-    (:func:`vtc.config.first_tenant`: a non-empty str of at most
-    :data:`vtc.config.MAX_TENANT_LEN` characters, or an int; anything else is
-    treated as absent), else :data:`DEFAULT_TENANT`. Never raises.
-    """
+    """The tenant a request is billed to: the first of its :func:`tenant_fields`
+    that names one (:func:`vtc.config.first_tenant`), else :data:`DEFAULT_TENANT`."""
     return first_tenant(tenant_fields(req, key)) or DEFAULT_TENANT
 
 
@@ -120,19 +115,11 @@ class VtcState:
     # -- events -------------------------------------------------------------------------
 
     def enqueue(self, req: _Req) -> None:
-        """``req`` entered the waiting queue: a new request, or a running one sent back."""
-        t = self.requests.get(id(req))
-        if t is not None:
-            state = self.requests.status(t)
-            if state == WAITING:
-                return
-            if state == RUNNING:
-                self.requests.put_back(t)  # preempted
-                return
-            self.requests.release(t.key)
+        """``req`` entered the waiting queue: a new request, or a running one sent
+        back (preempted); what it generated before is not charged."""
         fields = tenant_fields(req, self.tenant_key)
-        t = self.adapter.arrive(id(req), req, fields, len(req.origin_input_ids))
-        t.charged = len(req.output_ids)  # what it generated before is not charged
+        n = len(req.origin_input_ids)
+        self.adapter.enqueue(id(req), req, fields, n, charged=len(req.output_ids))
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""
@@ -141,27 +128,14 @@ class VtcState:
     def sync_waiting(self, queue: list[_Req]) -> None:
         """Make the core's waiting set equal to ``queue`` (a safety net: requests
         that left or entered through paths not hooked are dropped or submitted)."""
-        present = {id(r) for r in queue}
-        tracked = list(self.requests)
-        states = self.core.statuses([t.rid for t in tracked])
-        for t, state in zip(tracked, states):
-            if state == WAITING and t.key not in present:
-                self.requests.release(t.key)
-        if self.core.num_waiting != len(queue):
-            get = self.requests.get
-            known = {id(req): t for req in queue if (t := get(id(req))) is not None}
-            state_of = dict(zip(known, self.core.statuses([t.rid for t in known.values()])))
-            for req in queue:
-                if state_of.get(id(req)) != WAITING:
-                    self.enqueue(req)
+        self.requests.sync_waiting({id(r): r for r in queue}, self.enqueue)
 
     def put_head_first(self, queue: list[_Req]) -> None:
         """Move the core's next choice to the front of SGLang's waiting queue."""
         self.queue = queue
         head = self.requests.head()
-        if head is None:
-            return
-        self._move_after(queue, head.request, -1)
+        if head is not None:
+            self._move_after(queue, head.request, -1)
 
     def is_head(self, req: _Req) -> bool:
         """Whether ``req`` is the request the core would admit next."""
@@ -197,24 +171,10 @@ class VtcState:
             queue[pos + 1 : at + 1] = [req, *queue[pos + 1 : at]]
 
     def batch_done(self, reqs: list[_Req]) -> None:
-        """A batch result was processed: charge new output tokens, release finished requests.
-
-        The new tokens of every request in the batch (each once, however often
-        it appears) are charged in one core call
-        (:meth:`vtc.adapter.Requests.charge`); a request that is not running
-        owes them until it is admitted again.
-        """
-        get = self.requests.get
-        produced = []
-        for req in reqs:
-            t = get(id(req))
-            if t is not None:
-                n = len(req.output_ids) - t.charged
-                if n > 0:
-                    t.charged += n
-                    produced.append((t, n))
-        for t, n in self.requests.charge(produced):  # not running: charged when it runs
-            t.charged -= n
+        """A batch result was processed: charge new output tokens (in one core
+        call, :meth:`vtc.adapter.Requests.charge_totals`; a request not running
+        is charged once it runs again), release finished requests."""
+        self.requests.charge_totals((id(req), len(req.output_ids)) for req in reqs)
         for req in reqs:
             if req.finished():
                 self.requests.release(id(req), finished=True)
@@ -222,10 +182,8 @@ class VtcState:
 
     def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
         """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""
-        for req in reqs:
-            t = self.requests.get(id(req))
-            if t is not None and self.requests.status(t) == RUNNING:
-                self.requests.put_back(t)
+        get = self.requests.get
+        self.requests.put_back_all(t for req in reqs if (t := get(id(req))) is not None)
         for req in aborted:
             self.drop(req)
 
@@ -351,18 +309,10 @@ def _hook_abort_request(
     original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """Waiting requests an abort removed leave the core too (running ones finish)."""
-    before = list(getattr(scheduler, "waiting_queue", None) or [])
     result = original(scheduler, *args, **kwargs)
-    if before:
-
-        def release() -> None:
-            after = {id(r) for r in scheduler.waiting_queue}
-            state = get_state()
-            for req in before:
-                if id(req) not in after:
-                    state.drop(req)
-
-        _guarded("abort", release)
+    if _is_unified(scheduler):
+        queue = scheduler.waiting_queue
+        _guarded("abort", lambda: get_state().sync_waiting(queue))
     return result
 
 
@@ -396,8 +346,4 @@ def register() -> None:
     for target, hook in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _registered = True
-    logger.info(
-        "vtc: VTC fair scheduling hooks registered (tenant key %r, weights %s)",
-        state.tenant_key,
-        {t: state.core.weight(t) for t in state.core.clients()},
-    )
+    logger.info("vtc: VTC fair scheduling hooks registered: %s", state.adapter.describe())

@@ -481,7 +481,7 @@ def test_tenant_trace(model_dir: str, tmp_path: Path, monkeypatch, cls: type) ->
     order = run_until_idle(s)
     if cls is TenantTracingScheduler:  # vLLM's own FCFS, observed
         assert order == [r.request_id for r in requests]
-        assert s._tenant_of == {}
+        assert len(s.tally) == 0  # every request left its bookkeeping
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len(records) >= 5
     assert records[0]["queued"] == {"a": 2, "b": 1, "c": 1}
