@@ -1,0 +1,257 @@
+"""Per-tenant Prometheus metrics of an engine's VTC, as an adapter observer.
+
+:class:`TenantMetrics` is a :class:`vtc.adapter.Observer`: the adapter tells it
+what was charged, admitted and preempted, and after every step it refreshes the
+gauges if ``interval`` seconds have passed. Between refreshes a step costs a
+dictionary update per charged request; a refresh reads the core once (counters,
+services, request states).
+
+===================================  =========  ====================================
+series                               type       meaning
+===================================  =========  ====================================
+``vtc_tenant_service_tokens_total``  counter    tokens charged, ``kind`` = ``prompt``
+                                                (prefix-cache hits excluded) or
+                                                ``decode``
+``vtc_tenant_counter``               gauge      the tenant's virtual counter
+``vtc_tenant_requests``              gauge      requests, ``state`` = ``waiting``
+                                                (or set aside) or ``running``
+``vtc_tenant_preemptions_total``     counter    preemptions of the tenant's requests
+``vtc_tenants_active``               gauge      tenants with waiting or running requests
+``vtc_fairness_jain_index``          gauge      Jain's index of the backlogged tenants'
+                                                service rates over ``window`` seconds,
+                                                per unit of weight (the core's
+                                                services): 1 = fair; NaN: none of
+                                                them was served
+``vtc_counter_spread``               gauge      max - min counter of backlogged tenants
+``vtc_fairness_bound``               gauge      ``2 * max(wp * L, wq * M)``: ``L`` the
+                                                longest prompt admitted, ``M`` the KV
+                                                budget (NaN when the engine does not
+                                                give one)
+===================================  =========  ====================================
+
+Cardinality is bounded: at most ``max_tenants`` tenants get their own ``tenant``
+label, those with the most service over the window (ties: by name); the others
+are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
+counters means nothing, so ``_other`` has no ``vtc_tenant_counter``). The series
+of a tenant that leaves the labelled set, or that the core forgets, are removed.
+Tenant names are label values as they are, never parsed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from vtc.adapter import Observer, Tracked
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vtc.adapter import Adapter
+
+__all__ = ["OTHER", "TenantMetrics", "jain_index"]
+
+OTHER = "_other"
+"""The ``tenant`` label of the tenants beyond ``max_tenants``."""
+
+
+def jain_index(rates: list[float]) -> float:
+    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all are equal,
+    ``1/n`` when one gets everything; NaN for no rates or all zero."""
+    square = sum(x * x for x in rates)
+    if not rates or square <= 0.0:
+        return math.nan
+    return sum(rates) ** 2 / (len(rates) * square)
+
+
+class TenantMetrics(Observer):
+    """The series of the module doc, in ``registry`` (prometheus_client's default
+    registry if None).
+
+    ``interval``: seconds between two gauge refreshes (0: every step);
+    ``window``: seconds of service Jain's index and the labelled set look at;
+    ``budget``: the KV budget ``M`` of the fairness bound (None: unknown).
+    """
+
+    def __init__(
+        self,
+        registry: Any = None,
+        *,
+        max_tenants: int = 100,
+        interval: float = 1.0,
+        window: float = 30.0,
+        budget: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        if max_tenants < 1:
+            raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
+        if not (interval >= 0.0 and window > 0.0):
+            raise ValueError(f"interval must be >= 0 and window > 0, got {interval}, {window}")
+        reg = REGISTRY if registry is None else registry
+        live = {"registry": reg, "multiprocess_mode": "livemostrecent"}
+        self.service = Counter(
+            "vtc_tenant_service_tokens",
+            "Tokens charged to a tenant",
+            ["tenant", "kind"],
+            registry=reg,
+        )
+        self.counter = Gauge("vtc_tenant_counter", "A tenant's virtual counter", ["tenant"], **live)
+        self.requests = Gauge(
+            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **live
+        )
+        self.preemptions = Counter(
+            "vtc_tenant_preemptions", "Preemptions of a tenant's requests", ["tenant"], registry=reg
+        )
+        self.active = Gauge(
+            "vtc_tenants_active", "Tenants with waiting or running requests", **live
+        )
+        self.jain = Gauge(
+            "vtc_fairness_jain_index", "Jain's index of backlogged tenants' service rates", **live
+        )
+        self.spread = Gauge("vtc_counter_spread", "Max - min counter of backlogged tenants", **live)
+        self.bound = Gauge("vtc_fairness_bound", "The bound the counter spread stays under", **live)
+        self.max_tenants = max_tenants
+        self.interval = interval
+        self.window = window
+        self.budget = budget
+        self._clock = clock
+        self._last = -math.inf
+        self._idle = True
+        self._longest = 0  # the longest prompt admitted (L of the bound)
+        # increments since the last refresh, by tenant
+        self._prompt: dict[str, int] = {}
+        self._decode: dict[str, int] = {}
+        self._preempt: dict[str, int] = {}
+        self._labelled: set[str] = set()  # tenants with their own series
+        self._series: dict[str, set[tuple[str, ...]]] = {}  # tenant -> label tuples it has
+        # (time, {tenant: service}, backlogged tenants), a few per window
+        self._history: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
+
+    # -- observer points ---------------------------------------------------------------
+    def admitted(self, t: Tracked, prompt_tokens: int) -> None:
+        if prompt_tokens:
+            self._prompt[t.tenant] = self._prompt.get(t.tenant, 0) + prompt_tokens
+        if t.prompt_len > self._longest:
+            self._longest = t.prompt_len
+
+    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
+        decode = self._decode
+        for t, n in produced:
+            decode[t.tenant] = decode.get(t.tenant, 0) + n
+
+    def preempted(self, t: Tracked) -> None:
+        self._preempt[t.tenant] = self._preempt.get(t.tenant, 0) + 1
+
+    def forgot(self, tenants: list[str]) -> None:
+        for tenant in tenants:
+            self._fold_into_other(tenant)
+            self._remove(tenant)
+            self._labelled.discard(tenant)
+
+    def stepped(self, adapter: Adapter) -> None:
+        # Refresh every `interval`, and at the step that leaves the engine idle:
+        # no step follows it to carry its last tokens to the series.
+        now = self._clock()
+        idle = len(adapter.requests) == 0
+        if now - self._last >= self.interval or (idle and not self._idle):
+            self._last = now
+            self.refresh(adapter, now)
+        self._idle = idle
+
+    # -- refresh ------------------------------------------------------------------------
+    def refresh(self, adapter: Adapter, now: float | None = None) -> None:
+        """Bring every series up to date with ``adapter``'s core now."""
+        now = self._clock() if now is None else now
+        counters = adapter.tenancy.counters()
+        services = adapter.tenancy.services()
+        waiting, running = adapter.requests.by_tenant()
+        backlogged = [t for t, n in waiting.items() if n > 0 and t in services]
+
+        history = self._history
+        while len(history) > 1 and now - history[1][0] >= self.window:
+            history.popleft()
+        # the window's start: the last snapshot at least `window` old, else the first
+        start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
+        recent = {t: s - before.get(t, 0.0) for t, s in services.items()}
+        if not history or now - history[-1][0] >= self.window / 32:  # bounded: ~33 kept
+            history.append((now, services, frozenset(backlogged)))
+
+        self._relabel(set(counters) | set(waiting) | set(running), recent)
+        for tenant in list(self._prompt) + list(self._decode) + list(self._preempt):
+            self._fold_into_other(tenant)  # unlabelled tenants' increments: to _other
+        self._flush_counters()
+
+        other_w = other_r = 0
+        for tenant in set(waiting) | set(running) | set(self._series):
+            w, r = waiting.get(tenant, 0), running.get(tenant, 0)
+            if tenant in self._labelled:
+                self._set(self.requests, tenant, "waiting", value=w)
+                self._set(self.requests, tenant, "running", value=r)
+            else:
+                other_w, other_r = other_w + w, other_r + r
+        if other_w or other_r or OTHER in self._series:
+            self._set(self.requests, OTHER, "waiting", value=other_w)
+            self._set(self.requests, OTHER, "running", value=other_r)
+        for tenant in self._labelled:
+            if tenant in counters:
+                self._set(self.counter, tenant, value=counters[tenant])
+
+        self.active.set(len(set(waiting) | set(running)))
+        spread = [counters[t] for t in backlogged if t in counters]
+        self.spread.set(max(spread) - min(spread) if len(spread) > 1 else 0.0)
+        config = adapter.config
+        if self.budget is None:
+            self.bound.set(math.nan)
+        else:
+            self.bound.set(2.0 * max(config.wp * self._longest, config.wq * self.budget))
+        # Jain's index: the tenants backlogged at the window's start and now. The
+        # core's services are already per unit of weight: fair shares are equal.
+        if now > start:
+            span = now - start
+            rates = [(services[t] - before[t]) / span for t in backlogged if t in was_backlogged]
+            self.jain.set(jain_index(rates))
+
+    def _relabel(self, tenants: set[str], recent: dict[str, float]) -> None:
+        """Give the ``max_tenants`` most served tenants their own series."""
+        ranked = sorted(tenants, key=lambda t: (-recent.get(t, 0.0), t))
+        labelled = set(ranked[: self.max_tenants])
+        for tenant in self._labelled - labelled:
+            self._remove(tenant)
+        self._labelled = labelled
+
+    def _fold_into_other(self, tenant: str) -> None:
+        """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""
+        if tenant in self._labelled:
+            return
+        for pending in (self._prompt, self._decode, self._preempt):
+            n = pending.pop(tenant, 0)
+            if n:
+                pending[OTHER] = pending.get(OTHER, 0) + n
+
+    def _flush_counters(self) -> None:
+        for kind, pending in (("prompt", self._prompt), ("decode", self._decode)):
+            for tenant, n in pending.items():
+                self._child(self.service, tenant, kind).inc(n)
+            pending.clear()
+        for tenant, n in self._preempt.items():
+            self._child(self.preemptions, tenant).inc(n)
+        self._preempt.clear()
+
+    def _child(self, metric: Any, tenant: str, *labels: str) -> Any:
+        self._series.setdefault(tenant, set()).add((id(metric), *labels))
+        return metric.labels(tenant, *labels)
+
+    def _set(self, metric: Any, tenant: str, *labels: str, value: float) -> None:
+        self._child(metric, tenant, *labels).set(value)
+
+    def _remove(self, tenant: str) -> None:
+        """Remove every series of ``tenant``."""
+        metrics = {id(m): m for m in (self.service, self.counter, self.requests, self.preemptions)}
+        for metric_id, *labels in self._series.pop(tenant, ()):
+            try:
+                metrics[metric_id].remove(tenant, *labels)
+            except KeyError:  # pragma: no cover - already gone
+                pass

@@ -1,0 +1,182 @@
+"""vtc.metrics.TenantMetrics: the per-tenant Prometheus series, driven through a
+real adapter and core, read back from the registry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+import vtc
+from vtc.adapter import Adapter
+from vtc.config import EngineConfig
+from vtc.metrics import OTHER, TenantMetrics, jain_index
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(M=10_000, weights=None, **kw):
+    registry = CollectorRegistry()
+    clock = Clock()
+    metrics = TenantMetrics(registry, clock=clock, **{"interval": 0.0, **kw})
+    core = vtc.Scheduler(M=M)
+    adapter = Adapter(core, EngineConfig(weights=weights or {}), observers=[metrics])
+    return adapter, metrics, registry, clock
+
+
+def value(registry, name, **labels):
+    return registry.get_sample_value(name, labels)
+
+
+def admit_head(adapter, cached=0):
+    t = adapter.requests.head()
+    adapter.requests.admit(t, cached)
+    return t
+
+
+def test_jain_index():
+    assert jain_index([3.0, 3.0, 3.0]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0]) == pytest.approx(0.5)
+    assert jain_index([2.0, 1.0]) == pytest.approx(0.9)
+    assert math.isnan(jain_index([])) and math.isnan(jain_index([0.0, 0.0]))
+
+
+def test_tokens_by_kind_counters_requests_and_preemptions():
+    adapter, _, registry, _ = setup()
+    a = adapter.arrive("a1", None, ["acme"], 100)
+    adapter.arrive("b1", None, ["beta"], 10)
+    adapter.arrive("b2", None, ["beta"], 10)
+    assert admit_head(adapter, cached=30) is a  # 70 prompt tokens charged
+    adapter.requests.charge([(a, 5)])
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_service_tokens_total", tenant="acme", kind="prompt") == 70
+    assert value(registry, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode") == 5
+    assert value(registry, "vtc_tenant_counter", tenant="acme") == adapter.core.counter("acme")
+    assert value(registry, "vtc_tenant_requests", tenant="acme", state="running") == 1
+    assert value(registry, "vtc_tenant_requests", tenant="beta", state="waiting") == 2
+    assert value(registry, "vtc_tenants_active") == 2
+    adapter.requests.put_back(a)  # preempted
+    adapter.requests.release("a1")
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_preemptions_total", tenant="acme") == 1
+    assert value(registry, "vtc_tenant_requests", tenant="acme", state="waiting") == 0
+    assert value(registry, "vtc_tenants_active") == 1
+
+
+def test_gauges_refresh_at_the_interval_and_counters_lose_nothing_in_between():
+    adapter, _, registry, clock = setup(interval=1.0)
+    a = adapter.arrive("a1", None, ["acme"], 10)
+    admit_head(adapter)
+    adapter.step_done()  # the first step refreshes
+    for _ in range(5):
+        clock.now += 0.1
+        adapter.requests.charge([(a, 2)])
+        adapter.step_done()
+    assert value(registry, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode") is None
+    clock.now += 0.5
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode") == 10
+    clock.now += 0.1
+    adapter.requests.charge([(a, 3)])
+    adapter.requests.release("a1", finished=True)
+    adapter.step_done()  # the engine went idle: no later step would carry these 3
+    assert value(registry, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode") == 13
+    assert value(registry, "vtc_tenant_requests", tenant="acme", state="running") == 0
+
+
+def test_cardinality_is_bounded_and_the_rest_is_summed_under_other():
+    adapter, _, registry, clock = setup(max_tenants=2)
+    for i, tenant in enumerate("abcd"):
+        adapter.arrive(f"{tenant}1", None, [tenant], 10 * (i + 1))
+    while adapter.requests.head() is not None:
+        t = admit_head(adapter)
+        adapter.requests.charge([(t, 1)])
+    clock.now += 1.0
+    adapter.step_done()
+    exposed = generate_latest(registry).decode()
+    labels = {
+        line.split('tenant="')[1].split('"')[0]
+        for line in exposed.splitlines()
+        if line.startswith("vtc_tenant_service_tokens_total{")
+    }
+    assert labels == {"d", "c", OTHER}  # the two most served, and the rest
+    prompt = [
+        value(registry, "vtc_tenant_service_tokens_total", tenant=t, kind="prompt")
+        for t in ("c", "d", OTHER)
+    ]
+    assert prompt == [30, 40, 10 + 20]  # nothing lost: the sum is every token charged
+    assert value(registry, "vtc_tenant_requests", tenant=OTHER, state="running") == 2
+    assert value(registry, "vtc_tenant_counter", tenant=OTHER) is None  # a sum means nothing
+
+
+def test_forgotten_tenants_leave_no_series():
+    adapter, _, registry, _ = setup()
+    adapter.arrive("a1", None, ["gone"], 10)
+    admit_head(adapter)
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_counter", tenant="gone") is not None
+    adapter.requests.release("a1", finished=True)
+    adapter.arrive("b1", None, ["stays"], 10)
+    admit_head(adapter)  # its counter passes gone's: gone can change no decision
+    assert adapter.tenancy.forget_idle() == 1
+    adapter.step_done()
+    exposed = generate_latest(registry).decode()
+    assert 'tenant="gone"' not in exposed and 'tenant="stays"' in exposed
+
+
+def test_names_are_label_values_as_they_are():
+    adapter, _, registry, _ = setup()
+    name = 'a"b\nc,d=e}'
+    adapter.arrive("r", None, [name], 10)
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_requests", tenant=name, state="waiting") == 1
+
+
+def test_jain_index_spread_and_bound_of_backlogged_tenants_under_vtc():
+    M = 400
+    adapter, _, registry, clock = setup(M=M, budget=M, window=10.0, weights={"gold": 2.0})
+    for tenant in ("gold", "free"):
+        for i in range(200):
+            adapter.arrive(f"{tenant}{i}", None, [tenant], 20)
+    for _ in range(60):  # VTC admits by counter; every running request decodes
+        while (t := adapter.requests.head()) is not None and adapter.core.occupancy + 40 <= M:
+            adapter.requests.admit(t, 0)
+        running = [t for t in adapter.requests if adapter.requests.status(t) == "running"]
+        adapter.requests.charge([(t, 2) for t in running])
+        for t in running[:2]:
+            adapter.requests.release(t.key, finished=True)
+        clock.now += 0.5
+        adapter.step_done()
+    jain = value(registry, "vtc_fairness_jain_index")
+    assert 0.95 <= jain <= 1.0  # 2:1 service for 2:1 weights is fair
+    spread, bound = value(registry, "vtc_counter_spread"), value(registry, "vtc_fairness_bound")
+    assert bound == 2 * max(1.0 * 20, 2.0 * M)
+    assert 0.0 <= spread <= bound
+
+
+def test_a_starved_tenant_drags_jain_down_and_an_unknown_budget_is_nan():
+    adapter, _, registry, clock = setup()
+    for tenant in ("a", "b"):
+        adapter.arrive(f"{tenant}1", None, [tenant], 10)
+    adapter.step_done()
+    t = admit_head(adapter)  # one tenant served, the other still waits
+    adapter.arrive(f"{t.tenant}2", None, [t.tenant], 10)
+    clock.now += 1.0
+    adapter.requests.charge([(t, 50)])
+    adapter.step_done()
+    assert value(registry, "vtc_fairness_jain_index") == pytest.approx(0.5)
+    assert math.isnan(value(registry, "vtc_fairness_bound"))
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_tenants"):
+        TenantMetrics(CollectorRegistry(), max_tenants=0)
+    with pytest.raises(ValueError, match="window"):
+        TenantMetrics(CollectorRegistry(), window=0.0)
