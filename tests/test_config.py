@@ -39,6 +39,9 @@ def test_every_variable_is_read(tmp_path: Path):
         "VTC_LOG_INTERVAL": "0",
         "VTC_TRACE_FILE": str(tmp_path / "trace.jsonl"),
         "VTC_TRACE_INTERVAL": "0.25",
+        "VTC_METRICS": " ON ",
+        "VTC_METRICS_MAX_TENANTS": "12",
+        "VTC_METRICS_INTERVAL": "0.5",
     }
     assert set(env) == set(C.VARIABLES)
     cfg = EngineConfig.from_env(env)
@@ -48,6 +51,18 @@ def test_every_variable_is_read(tmp_path: Path):
     assert (cfg.wp, cfg.wq, cfg.max_tenants) == (0.5, 3.0, 7)
     assert (cfg.log_interval, cfg.trace_interval) == (0.0, 0.25)
     assert cfg.trace_file == str(tmp_path / "trace.jsonl")
+    assert (cfg.metrics, cfg.metrics_max_tenants, cfg.metrics_interval) == ("on", 12, 0.5)
+
+
+@pytest.mark.parametrize(
+    "text, mode",
+    [("auto", "auto"), ("1", "on"), ("True", "on"), ("yes", "on"), ("0", "off"), ("No", "off")],
+)
+def test_metrics_modes(text, mode):
+    assert EngineConfig.from_env({"VTC_METRICS": text}).metrics == mode
+    assert EngineConfig().metrics == "auto"
+    with pytest.raises(ConfigError, match="expected 'auto', 'on' or 'off'"):
+        EngineConfig(metrics="maybe")
 
 
 def test_from_env_reads_os_environ(monkeypatch):
@@ -69,6 +84,9 @@ BAD = [
     ({"VTC_LOG_INTERVAL": "-1"}, "VTC_LOG_INTERVAL='-1' is out of range"),
     ({"VTC_TRACE_INTERVAL": "x"}, "VTC_TRACE_INTERVAL='x' is not a number"),
     ({"VTC_TRACE_INTERVAL": "inf"}, "VTC_TRACE_INTERVAL='inf' is out of range"),
+    ({"VTC_METRICS": "maybe"}, "VTC_METRICS='maybe' is not a mode; expected auto, on"),
+    ({"VTC_METRICS_MAX_TENANTS": "0"}, "VTC_METRICS_MAX_TENANTS='0' is out of range"),
+    ({"VTC_METRICS_INTERVAL": "-2"}, "VTC_METRICS_INTERVAL='-2' is out of range"),
     ({"VTC_WEIGHTS": "gold=2;free=1"}, "weight '2;free=1' is not a number"),
     ({"VTC_WEIGHTS": "gold"}, "VTC_WEIGHTS entry 'gold' has no '='"),
     ({"VTC_WEIGHTS": "a="}, "weight '' is not a number"),

@@ -180,3 +180,53 @@ def test_bad_settings_are_refused():
         TenantMetrics(CollectorRegistry(), max_tenants=0)
     with pytest.raises(ValueError, match="window"):
         TenantMetrics(CollectorRegistry(), window=0.0)
+
+
+# -- Adapter.enable_metrics: the VTC_METRICS modes ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, served, on", [("off", True, False), ("auto", False, False), ("auto", True, True)]
+)
+def test_metrics_follow_the_mode_and_whether_the_engine_serves_them(mode, served, on):
+    adapter = Adapter(vtc.Scheduler(M=100), EngineConfig(metrics=mode))
+    metrics = adapter.enable_metrics(served=served, budget=100, registry=CollectorRegistry())
+    assert (metrics is not None) == on and (metrics in adapter.observers) == on
+    assert adapter.enable_metrics(served=True, budget=100) is metrics  # decided once
+
+
+def test_metrics_on_but_not_served_are_kept_and_the_hint_logged(caplog):
+    config = EngineConfig(metrics="on", metrics_max_tenants=3, metrics_interval=0.0)
+    adapter = Adapter(vtc.Scheduler(M=100), config)
+    registry = CollectorRegistry()
+    metrics = adapter.enable_metrics(served=False, budget=100, hint="do X", registry=registry)
+    assert (metrics.max_tenants, metrics.interval, metrics.budget) == (3, 0.0, 100)
+    assert "the engine does not serve them: do X" in caplog.text
+    adapter.arrive("r", None, ["a"], 10)
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") == 1
+
+
+def test_metrics_on_without_prometheus_client_is_a_config_error(monkeypatch):
+    import sys
+
+    from vtc.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "vtc.metrics")
+    with pytest.raises(ConfigError, match="VTC_METRICS needs prometheus_client"):
+        Adapter(vtc.Scheduler(M=100), EngineConfig(metrics="on"))
+    adapter = Adapter(vtc.Scheduler(M=100), EngineConfig(metrics="auto"))
+    assert adapter.enable_metrics(served=True, budget=None) is None  # auto: quietly off
+
+
+def test_a_new_engine_in_the_process_reuses_the_families_and_clears_their_series():
+    registry = CollectorRegistry()
+    first = TenantMetrics(registry, interval=0.0)
+    adapter = Adapter(vtc.Scheduler(M=100), EngineConfig(), observers=[first])
+    adapter.arrive("r", None, ["a"], 10)
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") == 1
+    second = TenantMetrics(registry)  # registering the same names again would raise
+    assert second.requests is first.requests
+    assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") is None

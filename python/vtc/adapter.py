@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from vtc._core import Scheduler, key_id
-from vtc.config import EngineConfig, first_tenant
+from vtc.config import ConfigError, EngineConfig, first_tenant
 from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
 
 __all__ = [
@@ -659,6 +659,10 @@ class Adapter:
         self.requests = Requests(core, self.observers)
         self._last_log = time.monotonic()
         self._warned_aside = False
+        self.metrics: Any = None  # the TenantMetrics observer, once enabled
+        if config.metrics == "on":
+            self._import_metrics()  # VTC_METRICS=on without prometheus_client: fail now
+        self.metrics_decided = False  # enable_metrics was called: a second call returns it
 
     def arrive(
         self, key: Hashable, request: Any, fields: Iterable[Any], prompt_len: int
@@ -690,6 +694,51 @@ class Adapter:
         t = self.arrive(key, request, fields, prompt_len)
         t.charged = charged
         return t
+
+    def enable_metrics(
+        self, *, served: bool, budget: int | None, hint: str = "", registry: Any = None
+    ) -> Any:
+        """Add the per-tenant Prometheus series (:class:`vtc.metrics.TenantMetrics`)
+        as an observer if ``config.metrics`` asks for them: ``on``, or ``auto`` when
+        the engine ``served`` this process's metrics. Returns the observer, or None
+        (decided once: a later call returns the first answer).
+
+        ``budget`` is the KV budget of the fairness bound; ``hint`` says how to
+        serve them, logged when they are on but not ``served``. ``on`` without
+        prometheus_client raises :class:`vtc.config.ConfigError`.
+        """
+        if self.metrics_decided:
+            return self.metrics
+        self.metrics_decided = True
+        mode = self.config.metrics
+        if mode == "off" or (mode == "auto" and not served):
+            return None
+        try:
+            TenantMetrics = self._import_metrics()
+        except ConfigError:
+            self._log.info("VTC: no per-tenant metrics: prometheus_client is not installed")
+            return None
+        metrics = TenantMetrics(
+            registry,
+            max_tenants=self.config.metrics_max_tenants,
+            interval=self.config.metrics_interval,
+            budget=budget,
+        )
+        if not served:
+            self._log.warning("VTC_METRICS=on, but the engine does not serve them: %s", hint)
+        self.observers.append(metrics)
+        self.metrics = metrics
+        return metrics
+
+    @staticmethod
+    def _import_metrics() -> Any:
+        try:
+            from vtc.metrics import TenantMetrics
+        except ImportError as e:
+            raise ConfigError(
+                f"VTC_METRICS needs prometheus_client ({e}): pip install 'vtc[metrics]'"
+            ) from None
+        return TenantMetrics
 
     def describe(self) -> str:
         """The settings in one line, for the engine's start-up log."""

@@ -17,9 +17,16 @@ variable               meaning (default)
 ``VTC_WQ``             price of a generated token (2), in [0, 1e9]; not both 0
 ``VTC_MAX_TENANTS``    active tenants tracked before new ones share the default
                        tenant (10000; :class:`vtc.adapter.Tenancy`)
-``VTC_LOG_INTERVAL``   seconds between tenant log lines, 0 for none (10; vLLM)
-``VTC_TRACE_FILE``     JSON-lines tenant trace to append to (none; vLLM)
-``VTC_TRACE_INTERVAL`` seconds between trace records (0.1; vLLM)
+``VTC_LOG_INTERVAL``   seconds between tenant log lines, 0 for none (10)
+``VTC_TRACE_FILE``     JSON-lines tenant trace to append to (none)
+``VTC_TRACE_INTERVAL`` seconds between trace records (0.1)
+``VTC_METRICS``        per-tenant Prometheus series (:mod:`vtc.metrics`): ``auto``
+                       (on when the engine serves this process's metrics: vLLM
+                       with ``PROMETHEUS_MULTIPROC_DIR``, SGLang with
+                       ``--enable-metrics``), ``on`` or ``off`` (``auto``)
+``VTC_METRICS_MAX_TENANTS`` tenants with their own ``tenant`` label, the rest
+                       summed as ``_other`` (100)
+``VTC_METRICS_INTERVAL`` seconds between refreshes of the series (1)
 =====================  ==========================================================
 
 Weights are checked by the core's own rule (a finite number in [1e-6, 1e6]).
@@ -74,7 +81,23 @@ VARIABLES = (
     "VTC_LOG_INTERVAL",
     "VTC_TRACE_FILE",
     "VTC_TRACE_INTERVAL",
+    "VTC_METRICS",
+    "VTC_METRICS_MAX_TENANTS",
+    "VTC_METRICS_INTERVAL",
 )
+
+#: ``VTC_METRICS`` values, and the mode each one means.
+METRICS_MODES = {
+    "auto": "auto",
+    "on": "on",
+    "1": "on",
+    "true": "on",
+    "yes": "on",
+    "off": "off",
+    "0": "off",
+    "false": "off",
+    "no": "off",
+}
 
 
 class ConfigError(ValueError):
@@ -230,6 +253,19 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _metrics_mode(env: Mapping[str, str]) -> str:
+    text = _text(env, "VTC_METRICS")
+    if text is None:
+        return "auto"
+    mode = METRICS_MODES.get(text.lower())
+    if mode is None:
+        raise ConfigError(
+            f"VTC_METRICS={text!r} is not a mode; expected auto, on (1, true, yes) "
+            "or off (0, false, no)"
+        )
+    return mode
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Tenancy, prices and observation settings of an engine integration."""
@@ -243,6 +279,13 @@ class EngineConfig:
     log_interval: float = 10.0
     trace_file: str | None = None
     trace_interval: float = 0.1
+    metrics: str = "auto"  # "auto" | "on" | "off"
+    metrics_max_tenants: int = 100
+    metrics_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.metrics not in ("auto", "on", "off"):
+            raise ConfigError(f"metrics={self.metrics!r}; expected 'auto', 'on' or 'off'")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineConfig:
@@ -272,6 +315,9 @@ class EngineConfig:
             log_interval=_number(env, "VTC_LOG_INTERVAL", 10.0),
             trace_file=_text(env, "VTC_TRACE_FILE"),
             trace_interval=_number(env, "VTC_TRACE_INTERVAL", 0.1),
+            metrics=_metrics_mode(env),
+            metrics_max_tenants=_count(env, "VTC_METRICS_MAX_TENANTS", 100),
+            metrics_interval=_number(env, "VTC_METRICS_INTERVAL", 1.0),
         )
 
     def tenant(self, values: Iterable[Any]) -> str:

@@ -40,10 +40,13 @@ Tenant names are label values as they are, never parsed.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, values
 
 from vtc.adapter import Observer, Tracked
 
@@ -54,6 +57,56 @@ __all__ = ["OTHER", "TenantMetrics", "jain_index"]
 
 OTHER = "_other"
 """The ``tenant`` label of the tenants beyond ``max_tenants``."""
+
+
+class _Families:
+    """The metric families of one registry (each can be registered only once)."""
+
+    def __init__(self, registry: Any) -> None:
+        reg = {"registry": registry}
+        live = {**reg, "multiprocess_mode": "livemostrecent"}  # a dead engine's go
+        self.service = Counter(
+            "vtc_tenant_service_tokens", "Tokens charged to a tenant", ["tenant", "kind"], **reg
+        )
+        self.counter = Gauge("vtc_tenant_counter", "A tenant's virtual counter", ["tenant"], **live)
+        self.requests = Gauge(
+            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **live
+        )
+        self.preemptions = Counter(
+            "vtc_tenant_preemptions", "Preemptions of a tenant's requests", ["tenant"], **reg
+        )
+        self.active = Gauge(
+            "vtc_tenants_active", "Tenants with waiting or running requests", **live
+        )
+        self.jain = Gauge(
+            "vtc_fairness_jain_index", "Jain's index of backlogged tenants' service rates", **live
+        )
+        self.spread = Gauge("vtc_counter_spread", "Max - min counter of backlogged tenants", **live)
+        self.bound = Gauge("vtc_fairness_bound", "The bound the counter spread stays under", **live)
+        self.labelled = (self.service, self.counter, self.requests, self.preemptions)
+
+
+_BY_REGISTRY: dict[int, tuple[Any, _Families]] = {}
+
+
+def _families(registry: Any) -> _Families:
+    """The families of ``registry`` (prometheus_client's default if None), created
+    once per process; a new :class:`TenantMetrics` (a new engine in this process)
+    clears the series the last one left."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and values.ValueClass is values.MutexValue:
+        # prometheus_client chose in-memory values when it was imported, before the
+        # variable was set (or in a process forked from one that imported it then):
+        # these series must go to the directory the serving process reads.
+        values.ValueClass = values.get_value_class()
+    registry = REGISTRY if registry is None else registry
+    entry = _BY_REGISTRY.get(id(registry))
+    if entry is None or entry[0] is not registry:
+        entry = (registry, _Families(registry))
+        _BY_REGISTRY[id(registry)] = entry
+    else:
+        for metric in entry[1].labelled:
+            metric.clear()
+    return entry[1]
 
 
 def jain_index(rates: list[float]) -> float:
@@ -84,35 +137,19 @@ class TenantMetrics(Observer):
         budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        from prometheus_client import REGISTRY, Counter, Gauge
-
         if max_tenants < 1:
             raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
         if not (interval >= 0.0 and window > 0.0):
             raise ValueError(f"interval must be >= 0 and window > 0, got {interval}, {window}")
-        reg = REGISTRY if registry is None else registry
-        live = {"registry": reg, "multiprocess_mode": "livemostrecent"}
-        self.service = Counter(
-            "vtc_tenant_service_tokens",
-            "Tokens charged to a tenant",
-            ["tenant", "kind"],
-            registry=reg,
-        )
-        self.counter = Gauge("vtc_tenant_counter", "A tenant's virtual counter", ["tenant"], **live)
-        self.requests = Gauge(
-            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **live
-        )
-        self.preemptions = Counter(
-            "vtc_tenant_preemptions", "Preemptions of a tenant's requests", ["tenant"], registry=reg
-        )
-        self.active = Gauge(
-            "vtc_tenants_active", "Tenants with waiting or running requests", **live
-        )
-        self.jain = Gauge(
-            "vtc_fairness_jain_index", "Jain's index of backlogged tenants' service rates", **live
-        )
-        self.spread = Gauge("vtc_counter_spread", "Max - min counter of backlogged tenants", **live)
-        self.bound = Gauge("vtc_fairness_bound", "The bound the counter spread stays under", **live)
+        families = _families(registry)
+        self.service = families.service
+        self.counter = families.counter
+        self.requests = families.requests
+        self.preemptions = families.preemptions
+        self.active = families.active
+        self.jain = families.jain
+        self.spread = families.spread
+        self.bound = families.bound
         self.max_tenants = max_tenants
         self.interval = interval
         self.window = window

@@ -36,9 +36,6 @@ ENGINE_M = MAX_BUDGET
 _Req = Any  # sglang.srt.managers.schedule_batch.Req (not imported at module import time)
 
 
-# -- tenancy ------------------------------------------------------------------------------
-
-
 def tenant_fields(req: _Req, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, ...]:
     """A request's tenant fields, in order: ``sampling_params.custom_params[key]``,
     ``routing_key``, ``lora_id`` (none if they cannot be read). Never raises."""
@@ -60,9 +57,6 @@ def tenant_of(req: _Req, key: str = DEFAULT_TENANT_KEY) -> str:
     return first_tenant(tenant_fields(req, key)) or DEFAULT_TENANT
 
 
-# -- per-process state --------------------------------------------------------------------
-
-
 class VtcState:
     """One VTC core and the bookkeeping that maps SGLang requests onto it.
 
@@ -74,14 +68,12 @@ class VtcState:
 
     def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
         """``config``, or an :class:`vtc.config.EngineConfig` of ``fields``."""
-        config = EngineConfig(**fields) if config is None else config
-        self.config = config
+        self.config = config = EngineConfig(**fields) if config is None else config
         self.core = Scheduler(M=ENGINE_M, wp=config.wp, wq=config.wq, policy="vtc")
         self.tenant_key = config.tenant_key
         self.adapter = Adapter(self.core, config, log=logger)  # sets the weights
         self.tenancy = self.adapter.tenancy
-        # Keyed by id(Req) (SGLang's rid strings may repeat); each record keeps
-        # its Req alive, so the key stays unique while the request is tracked.
+        # Keyed by id(Req): each record keeps its Req alive, so the key stays unique.
         self.requests = self.adapter.requests
         self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
         self.queue: list[_Req] | None = None  # the waiting queue that pass walks
@@ -91,8 +83,6 @@ class VtcState:
         """Build from the ``VTC_*`` variables (:class:`vtc.config.EngineConfig`);
         a malformed one raises ``ConfigError``."""
         return cls(EngineConfig.from_env(environ))
-
-    # -- lookups ------------------------------------------------------------------------
 
     def request_id(self, req: _Req) -> int | None:
         """The core's id for a tracked request, else None."""
@@ -112,14 +102,20 @@ class VtcState:
         """The tenant of ``req`` under this state's tenant key."""
         return tenant_of(req, self.tenant_key)
 
-    # -- events -------------------------------------------------------------------------
-
     def enqueue(self, req: _Req) -> None:
         """``req`` entered the waiting queue: a new request, or a running one sent
         back (preempted); what it generated before is not charged."""
         fields = tenant_fields(req, self.tenant_key)
         n = len(req.origin_input_ids)
         self.adapter.enqueue(id(req), req, fields, n, charged=len(req.output_ids))
+
+    def start_metrics(self, scheduler: Any) -> None:
+        """The per-tenant series (``VTC_METRICS``), on SGLang's ``/metrics`` with
+        ``--enable-metrics``; the fairness bound uses its KV pool size."""
+        served = getattr(getattr(scheduler, "metrics_reporter", None), "enable_metrics", False)
+        budget = getattr(scheduler, "max_total_num_tokens", None)
+        hint = "start SGLang with --enable-metrics"
+        self.adapter.enable_metrics(served=bool(served), budget=budget, hint=hint)
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""
@@ -240,6 +236,8 @@ def _hook_get_new_batch_prefill_raw(
     if not _is_unified(scheduler):
         return original(scheduler, *args, **kwargs)
     state = get_state()
+    if not state.adapter.metrics_decided:
+        _guarded("metrics", lambda: state.start_metrics(scheduler))
     if not scheduler.waiting_queue and state.core.num_waiting:
         _guarded("sync", lambda: state.sync_waiting(scheduler.waiting_queue))
     state.in_pass, state.queue = True, None

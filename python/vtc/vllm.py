@@ -19,6 +19,7 @@ charged and when, the tenant rule and every ``VTC_*`` variable:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
@@ -210,10 +211,7 @@ class VTCRequestQueue(RequestQueue):
         finished: ``finished``, the ids vLLM freed (``finished_req_ids``), else
         the outputs with a ``finish_reason``."""
         groups = list(outputs)  # one per API-server client: one here
-        if len(groups) == 1:
-            outs = groups[0].outputs
-        else:
-            outs = [out for engine_outputs in groups for out in engine_outputs.outputs]
+        outs = groups[0].outputs if len(groups) == 1 else [o for g in groups for o in g.outputs]
         if not outs:
             return
         self.requests.charge_outputs(outs)
@@ -259,6 +257,10 @@ class _VTCMixin:
         self.vtc = vtc.Scheduler(M=capacity, wp=config.wp, wq=config.wq, policy="vtc")
         self.vtc_adapter = Adapter(self.vtc, config, log=logger)
         self.vtc_tenancy = self.vtc_adapter.tenancy  # the tenant rule, weights, forgetting
+        # vLLM's API server shows this process's series if both share the directory
+        served = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        hint = "set PROMETHEUS_MULTIPROC_DIR to an empty directory (docs/metrics.md)"
+        self.vtc_adapter.enable_metrics(served=served, budget=capacity, hint=hint)
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):

@@ -98,6 +98,38 @@ def test_the_trace_records_each_tenants_tokens_as_vllms_does(tmp_path) -> None:
     assert gen == records[1]["tokens"]  # the trace says what the core charged
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_per_tenant_metrics_follow_sglangs_enable_metrics(enabled: bool) -> None:
+    """VTC_METRICS=auto: the series exist when SGLang serves metrics
+    (--enable-metrics), in the registry its /metrics reads, and say what the
+    core charged; without it there are none."""
+    from prometheus_client import REGISTRY
+
+    s = make_scheduler()
+    s.metrics_reporter.enable_metrics = enabled
+    s.max_total_num_tokens = 4096
+    a, b = make_req("a", 4), make_req("b", 6)
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    s.model.tokens = {a.rid: 3}
+    step(s, running)
+    metrics = vs.get_state().adapter.metrics
+    assert (metrics is not None) == enabled
+    if not enabled:
+        return
+    metrics.refresh(vs.get_state().adapter)
+    got = {
+        (t, kind): REGISTRY.get_sample_value(
+            "vtc_tenant_service_tokens_total", {"tenant": t, "kind": kind}
+        )
+        for t in "ab"
+        for kind in ("prompt", "decode")
+    }
+    assert got == {("a", "prompt"): 4, ("a", "decode"): 3, ("b", "prompt"): 6, ("b", "decode"): 1}
+    assert REGISTRY.get_sample_value("vtc_fairness_bound") == 2 * max(1.0 * 6, 2.0 * 4096)
+    assert REGISTRY.get_sample_value("vtc_tenants_active") == 2
+
+
 def test_a_batch_with_a_waiting_or_repeated_request_is_charged_request_by_request() -> None:
     """batch_done charges a batch in one core call; a batch the core refuses
     as a whole (a request in it twice, one not running) is charged request by

@@ -490,6 +490,42 @@ def test_tenant_trace(model_dir: str, tmp_path: Path, monkeypatch, cls: type) ->
     assert times == sorted(times)
 
 
+@pytest.mark.parametrize("mode, on", [("auto", False), ("on", True)])
+def test_per_tenant_metrics_say_what_the_core_charged(
+    model_dir: str, monkeypatch, mode: str, on: bool
+) -> None:
+    """VTC_METRICS: auto is on only where vLLM's /metrics can show the series
+    (PROMETHEUS_MULTIPROC_DIR; the e2e test scrapes a real server); on keeps
+    them in this process's registry. The step that leaves vLLM idle refreshes
+    them: the series end with every token."""
+    from prometheus_client import REGISTRY
+
+    monkeypatch.setenv("VTC_METRICS", mode)
+    monkeypatch.setenv("VTC_METRICS_INTERVAL", "3600")  # only the idle step refreshes
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=2))
+    assert (s.vtc_adapter.metrics is not None) == on
+    if not on:
+        return
+    plan = [("a", 16, 5), ("a", 16, 5), ("b", 24, 3)]
+    for tenant, prompt, max_tokens in plan:
+        s.add_request(make_request(tenant, prompt, max_tokens))
+    run_until_idle(s)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, labels)
+
+    for tenant in "ab":
+        prompt = sum(p for t, p, _ in plan if t == tenant)
+        decode = sum(n for t, _, n in plan if t == tenant)
+        assert sample("vtc_tenant_service_tokens_total", tenant=tenant, kind="prompt") == prompt
+        assert sample("vtc_tenant_service_tokens_total", tenant=tenant, kind="decode") == decode
+        assert sample("vtc_tenant_counter", tenant=tenant) == s.tenant_counters()[tenant]
+        assert sample("vtc_tenant_requests", tenant=tenant, state="running") == 0
+    assert sample("vtc_tenants_active") == 0
+    assert sample("vtc_fairness_bound") == 2 * max(WP * 24, WQ * s.vtc.M)
+
+
 # -- tenants and configuration --------------------------------------------------
 
 
