@@ -397,6 +397,41 @@ def test_the_trace_is_an_observer_of_charged_tokens(tmp_path):
     assert record["tokens"] == {"a": 3} and record["queued"] == {"a": 1}
 
 
+def test_the_trace_tells_the_truth_at_idle_after_forgetting_and_by_the_clock(tmp_path):
+    """Issue 16: a final record when the engine goes idle (the step that ends the
+    work is not followed by one that would write it), forgotten tenants leave
+    the records, and each record is dated by the wall clock too."""
+    import time
+
+    path = tmp_path / "t.jsonl"
+    adapter = Adapter(vtc.Scheduler(M=100), EngineConfig(trace_file=str(path), trace_interval=3600))
+
+    def records():
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    before = time.time()
+    a = adapter.arrive("a1", None, ["gone"], 5)
+    adapter.requests.admit(a, 0)
+    adapter.step_done()  # the first record: the interval has passed since never
+    adapter.requests.charge([(a, 3)])
+    adapter.step_done()  # within the interval: no record
+    assert len(records()) == 1
+    adapter.requests.charge([(a, 2)])
+    adapter.requests.release("a1", finished=True)
+    adapter.step_done()  # idle now: the last tokens are recorded
+    adapter.step_done()  # still idle: nothing new to say
+    assert len(records()) == 2
+    last = records()[-1]
+    assert (last["tokens"], last["queued"]) == ({"gone": 5}, {})
+    assert before <= last["time"] <= time.time() and last["t"] >= records()[0]["t"]
+    b = adapter.arrive("b1", None, ["stays"], 5)
+    adapter.requests.admit(b, 0)  # passes gone's counter: gone can be forgotten
+    assert adapter.tenancy.forget_idle() == 1
+    adapter.requests.release("b1", finished=True)
+    adapter.step_done()
+    assert records()[-1]["tokens"] == {}  # gone was forgotten; stays produced nothing
+
+
 def test_the_tally_traces_an_engine_vtc_does_not_schedule(tmp_path):
     from vtc.adapter import TenantTally
 
@@ -413,7 +448,10 @@ def test_the_tally_traces_an_engine_vtc_does_not_schedule(tmp_path):
     assert len(tally) == 1
     tally.produced("r2", 5)  # gone: not counted
     tally.step_done(lambda: ["r1"])
+    tally.left("r1")
+    tally.step_done(lambda: [])  # idle: a last record
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == 3 and records[-1]["queued"] == {}
     assert records[0]["tokens"] == {"acme": 3, "default": 2}
     assert records[0]["queued"] == {"acme": 1, "default": 1}
     assert records[1] == {**records[1], "tokens": {"acme": 3, "default": 2}, "queued": {"acme": 1}}

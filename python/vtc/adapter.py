@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import operator
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -512,10 +513,15 @@ class Requests:
 class TenantTrace(Observer):
     """What each tenant got, as JSON lines appended to a file.
 
-    Enabled by ``VTC_TRACE_FILE`` (every ``VTC_TRACE_INTERVAL`` seconds, default
-    0.1, while the engine steps): ``{"t": <monotonic seconds>, "tokens": {tenant:
-    generated tokens so far}, "queued": {tenant: requests waiting or running}}``.
-    Written by both shells: vLLM's :class:`vtc.vllm.VTCScheduler` and
+    Enabled by ``VTC_TRACE_FILE``; a record every ``VTC_TRACE_INTERVAL`` seconds
+    (default 0.1) after an engine step, and one at the step that leaves the
+    engine idle (no step follows it: without it the last record would miss the
+    last tokens). A record is ``{"t": <seconds, monotonic clock>, "time": <seconds
+    since the epoch>, "tokens": {tenant: generated tokens so far}, "queued":
+    {tenant: requests waiting or running}}``; ``t`` orders and spaces records
+    (it never jumps), ``time`` dates them. A tenant the core forgets (idle,
+    ``forget_idle``) leaves ``tokens``; if it comes back its count restarts at
+    0. Written by both shells: vLLM's :class:`vtc.vllm.VTCScheduler` and
     :class:`vtc.vllm.TenantTracingScheduler` (vLLM's stock policy, so the two
     can be compared on the same workload), and the SGLang plugin.
     """
@@ -524,7 +530,9 @@ class TenantTrace(Observer):
         self._file = open(path, "a", buffering=1, encoding="utf-8")
         self.interval = interval
         self.tokens: dict[str, int] = {}
-        self._last = 0.0
+        self._last = -math.inf
+        self._idle = True  # the last record was written with nothing queued
+        self._changed = False  # tokens changed since the last record
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> TenantTrace | None:
@@ -536,23 +544,35 @@ class TenantTrace(Observer):
     def add(self, tenant: str, tokens: int) -> None:
         """``tenant`` got ``tokens`` more generated tokens."""
         self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
+        self._changed = True
 
     def charged(self, produced: list[tuple[Tracked, int]]) -> None:
         """As an :class:`Observer`: generated tokens, by the requests' tenants."""
         for t, n in produced:
             self.add(t.tenant, n)
 
-    def stepped(self, adapter: Adapter) -> None:
-        """As an :class:`Observer`: a record if ``interval`` has passed."""
-        self.maybe_write(adapter.requests.queued)
+    def forgot(self, tenants: list[str]) -> None:
+        """As an :class:`Observer`: forgotten tenants leave the records."""
+        for tenant in tenants:
+            if self.tokens.pop(tenant, None) is not None:
+                self._changed = True
 
-    def maybe_write(self, queued: Callable[[], Mapping[str, int]]) -> None:
-        """Append a record if ``interval`` has passed since the last one."""
+    def stepped(self, adapter: Adapter) -> None:
+        """As an :class:`Observer`: a record if ``interval`` has passed, or if the
+        engine is idle now and was not at the last record."""
+        self.maybe_write(adapter.requests.queued, idle=len(adapter.requests) == 0)
+
+    def maybe_write(self, queued: Callable[[], Mapping[str, int]], idle: bool = False) -> bool:
+        """Append a record if ``interval`` has passed since the last one, or if the
+        engine is ``idle`` (nothing queued) and the last record does not say all
+        there is (it was not idle, or tokens changed since); whether it wrote one."""
         now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            record = {"t": now, "tokens": self.tokens, "queued": dict(queued())}
-            self._file.write(json.dumps(record) + "\n")
+        if now - self._last < self.interval and not (idle and (self._changed or not self._idle)):
+            return False
+        self._last, self._idle, self._changed = now, idle, False
+        record = {"t": now, "time": time.time(), "tokens": self.tokens, "queued": dict(queued())}
+        self._file.write(json.dumps(record) + "\n")
+        return True
 
 
 class TenantTally:
@@ -589,7 +609,7 @@ class TenantTally:
         """A step ended; ``queued()`` gives the keys of the requests the engine holds
         (read only when a record is due)."""
         if self.trace is not None:
-            self.trace.maybe_write(lambda: self._count(queued()))
+            self.trace.maybe_write(lambda: self._count(queued()), idle=not self._tenant_of)
 
     def _count(self, keys: Iterable[Hashable]) -> dict[str, int]:
         counts: dict[str, int] = {}
