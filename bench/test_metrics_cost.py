@@ -1,0 +1,57 @@
+"""What the per-tenant metrics (vtc.metrics.TenantMetrics) add to an engine step,
+side by side in one run: the adapter's step (one decode charge of the running
+batch + step_done) at 1,000 tenants, 256 running requests of 256 tenants, 744
+tenants waiting, without metrics and with them (refreshed every second, as by
+default), and one refresh on its own. Issue 16's target: under 10 us added
+per step at 1,000 tenants. Figures: bench/README.md (group metrics-cost)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import vtc
+from vtc.adapter import Adapter
+from vtc.config import EngineConfig
+from vtc.metrics import TenantMetrics
+
+TENANTS = 1_000
+RUNNING = 256
+
+
+def build(with_metrics: bool) -> tuple[Adapter, list, TenantMetrics | None]:
+    metrics = TenantMetrics(CollectorRegistry(), interval=1.0) if with_metrics else None
+    adapter = Adapter(
+        vtc.Scheduler(M=10**9),
+        EngineConfig(max_tenants=10 * TENANTS),
+        observers=[metrics] if metrics else [],
+    )
+    for i in range(TENANTS):
+        adapter.arrive(f"r{i}", None, [f"tenant-{i}"], 100)
+        adapter.arrive(f"w{i}", None, [f"tenant-{i}"], 100)  # one stays waiting
+    running = []
+    while len(running) < RUNNING:
+        t = adapter.requests.head()
+        adapter.requests.admit(t, 0)
+        running.append(t)
+    adapter.step_done()
+    return adapter, [(t, 1) for t in running], metrics
+
+
+@pytest.mark.parametrize("metrics", ["off", "on"])
+def test_adapter_step(benchmark, metrics):
+    adapter, produced, _ = build(metrics == "on")
+
+    def step() -> None:
+        adapter.requests.charge(produced)
+        adapter.step_done()
+
+    benchmark.group = f"metrics-cost: adapter step, {TENANTS} tenants, {RUNNING} running"
+    benchmark.pedantic(step, rounds=3000, iterations=1, warmup_rounds=50)
+
+
+def test_refresh(benchmark):
+    adapter, produced, metrics = build(True)
+    adapter.requests.charge(produced)
+    benchmark.group = f"metrics-cost: one refresh, {TENANTS} tenants"
+    benchmark.pedantic(lambda: metrics.refresh(adapter), rounds=200, iterations=1, warmup_rounds=5)
