@@ -131,6 +131,11 @@ def vllm_server(model: Path, log_path: Path, scheduler_cls: str, trace: Path) ->
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     env.update(VTC_LOG_INTERVAL="2", VTC_TRACE_FILE=str(trace))
+    # The multiprocess directory through which vLLM's API server serves the
+    # engine process's vtc_* series on /metrics (docs/metrics.md); fresh per run.
+    metrics_dir = log_path.with_suffix(".prom")
+    metrics_dir.mkdir()
+    env.update(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
     # Its own process group (to stop it whole), but this session: a new session is a
     # new scheduler autogroup, and on this kernel (6.18, EEVDF, autogroup on) the
     # server's busy group then starved this process for up to 30 s at a time
@@ -154,6 +159,37 @@ def vllm_server(model: Path, log_path: Path, scheduler_cls: str, trace: Path) ->
         yield url
     finally:
         _stop(proc)
+
+
+def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The server's /metrics: each sample name, with its labels and value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def total(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    return sum(
+        value
+        for have, value in samples.get(name, [])
+        if all(have.get(k) == v for k, v in labels.items())
+    )
+
+
+def settled_metrics(url: str, done: Any, deadline: float = 120.0) -> dict[str, Any]:
+    """Scrape /metrics until ``done(samples)`` (the engine went idle and its last
+    refresh reached the API server), within ``deadline`` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        samples = scrape(url)
+        if done(samples) or time.monotonic() > end:
+            return samples
+        time.sleep(0.5)
 
 
 def read_trace(trace: Path) -> list[dict[str, Any]]:
@@ -295,6 +331,20 @@ def _run(model: Path, name: str, scheduler_cls: str, tmp_path: Path) -> dict[str
     with vllm_server(model, log, scheduler_cls, trace) as url:
         served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
         result = asyncio.run(Workload(url, served, trace).run())
+        bursty = (EARLY_REQUESTS + BURST_REQUESTS) * MAX_TOKENS
+        result["metrics"] = settled_metrics(
+            url,
+            lambda m: (
+                "VTC" not in scheduler_cls  # stock: no vtc series to wait for
+                or (
+                    total(m, "vtc_tenant_service_tokens_total", tenant="bursty", kind="decode")
+                    >= bursty
+                    and total(m, "vtc_tenant_service_tokens_total", tenant="probe", kind="decode")
+                    >= MAX_TOKENS
+                    and total(m, "vtc_tenant_requests") == 0
+                )
+            ),
+        )
     result.update(engine_share(trace), log=str(log))
     # Both clocks are CLOCK_MONOTONIC: how long the burst took to reach the engine.
     result["burst_delay"] = result["burst_arrived"] - result.pop("burst_sent")
@@ -339,7 +389,30 @@ def test_returning_tenant_gets_half_with_vtc_not_with_stock(
     serving = vtc_log.split("[shutdown]", 1)[0]
     assert not [line for line in serving.splitlines() if " ERROR " in line]
     assert "VTC fair scheduling" not in Path(stock["log"]).read_text(errors="replace")
+    check_metrics(fair["metrics"], stock["metrics"])
     # VTC: the returning tenant is lifted to the floor, then shares evenly.
     assert 0.42 <= fair["bursty_share"] <= 0.58, report
     # Stock FCFS: while steady's earlier backlog lasts, bursty only waits.
     assert stock["bursty_share"] <= 0.10, report
+
+
+def check_metrics(fair: dict[str, Any], stock: dict[str, Any]) -> None:
+    """The vtc_* series on the VTC server's own /metrics (vLLM's API server,
+    reading the engine process through PROMETHEUS_MULTIPROC_DIR), checked
+    against what the engine returned: bursty and probe ran to completion, so
+    their tokens are exactly what the client got back (usage.completion_tokens)."""
+    service = "vtc_tenant_service_tokens_total"
+    assert not [name for name in stock if name.startswith("vtc_")]  # stock: none
+    for tenant, requests in (("bursty", EARLY_REQUESTS + BURST_REQUESTS), ("probe", 1)):
+        assert total(fair, service, tenant=tenant, kind="decode") == requests * MAX_TOKENS
+        assert total(fair, service, tenant=tenant, kind="prompt") == requests * PROMPT_LEN
+    # steady's requests were aborted part-way: what it was charged is what vLLM
+    # generated for it, within the tokens in flight when the client went away
+    generated = total(fair, "vllm:generation_tokens_total")
+    charged = total(fair, service, kind="decode")
+    assert abs(charged - generated) <= MAX_NUM_SEQS, (charged, generated)
+    assert total(fair, "vtc_tenant_requests") == 0 and total(fair, "vtc_tenants_active") == 0
+    counters = {labels["tenant"] for labels, _ in fair["vtc_tenant_counter"]}
+    assert {"bursty", "steady", "probe"} <= counters
+    assert 0 <= total(fair, "vtc_counter_spread") <= total(fair, "vtc_fairness_bound")
+    assert total(fair, "vtc_fairness_bound") >= 2 * 2.0 * MAX_TOKENS  # 2·wq·M, M >= one request
