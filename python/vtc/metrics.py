@@ -163,7 +163,8 @@ class TenantMetrics(Observer):
         self._decode: dict[str, int] = {}
         self._preempt: dict[str, int] = {}
         self._labelled: set[str] = set()  # tenants with their own series
-        self._series: dict[str, set[tuple[str, ...]]] = {}  # tenant -> label tuples it has
+        # tenant -> {(metric id, *labels): [child, last value set]}
+        self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
         # (time, {tenant: service}, backlogged tenants), a few per window
         self._history: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
 
@@ -253,8 +254,11 @@ class TenantMetrics(Observer):
 
     def _relabel(self, tenants: set[str], recent: dict[str, float]) -> None:
         """Give the ``max_tenants`` most served tenants their own series."""
-        ranked = sorted(tenants, key=lambda t: (-recent.get(t, 0.0), t))
-        labelled = set(ranked[: self.max_tenants])
+        if len(tenants) <= self.max_tenants:
+            labelled = tenants
+        else:
+            ranked = sorted(tenants, key=lambda t: (-recent.get(t, 0.0), t))
+            labelled = set(ranked[: self.max_tenants])
         for tenant in self._labelled - labelled:
             self._remove(tenant)
         self._labelled = labelled
@@ -271,23 +275,34 @@ class TenantMetrics(Observer):
     def _flush_counters(self) -> None:
         for kind, pending in (("prompt", self._prompt), ("decode", self._decode)):
             for tenant, n in pending.items():
-                self._child(self.service, tenant, kind).inc(n)
+                self._child(self.service, tenant, kind)[0].inc(n)
             pending.clear()
         for tenant, n in self._preempt.items():
-            self._child(self.preemptions, tenant).inc(n)
+            self._child(self.preemptions, tenant)[0].inc(n)
         self._preempt.clear()
 
-    def _child(self, metric: Any, tenant: str, *labels: str) -> Any:
-        self._series.setdefault(tenant, set()).add((id(metric), *labels))
-        return metric.labels(tenant, *labels)
+    def _child(self, metric: Any, tenant: str, *labels: str) -> list[Any]:
+        """``[child, last value set]`` of a series, its child made once (labels() is
+        slow: it validates and locks on every call)."""
+        series = self._series.get(tenant)
+        if series is None:
+            series = self._series[tenant] = {}
+        key = (id(metric), *labels)
+        entry = series.get(key)
+        if entry is None:
+            entry = series[key] = [metric.labels(tenant, *labels), None]
+        return entry
 
     def _set(self, metric: Any, tenant: str, *labels: str, value: float) -> None:
-        self._child(metric, tenant, *labels).set(value)
+        entry = self._child(metric, tenant, *labels)
+        if entry[1] != value:
+            entry[0].set(value)
+            entry[1] = value
 
     def _remove(self, tenant: str) -> None:
         """Remove every series of ``tenant``."""
         metrics = {id(m): m for m in (self.service, self.counter, self.requests, self.preemptions)}
-        for metric_id, *labels in self._series.pop(tenant, ()):
+        for metric_id, *labels in self._series.pop(tenant, {}):
             try:
                 metrics[metric_id].remove(tenant, *labels)
             except KeyError:  # pragma: no cover - already gone
