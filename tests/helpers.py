@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 
-def state(s, rids=()) -> dict:
-    """Everything observable about a scheduler, for before/after comparisons."""
+def state(s, rids=(), tokens: bool = True) -> dict:
+    """Everything observable about a scheduler, for before/after comparisons
+    (``tokens=False``: without the token tallies, which a snapshot does not keep)."""
     return {
         "counters": s.counters(),
         "services": s.services() if hasattr(s, "services") else None,
+        "tokens": s.tokens() if tokens and hasattr(s, "tokens") else None,
         "weights": {c: s.weight(c) for c in s.clients()},
         "occupancy": s.occupancy,
         "num_waiting": s.num_waiting,

@@ -3,7 +3,7 @@
 Thousands of random operation sequences go through both; after every
 operation the outcome (result or exception type) and every observable piece
 of state must be identical: admissions, counters, services, occupancy,
-queues, running order.
+queues, running order, credits and token tallies.
 """
 
 from __future__ import annotations
@@ -132,6 +132,8 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
         assert a == b, f"seed {seed} op {i}: {op}{args}: state diverged\ncore {a}\nref  {b}"
         credits = [(fast.credit(c), ref.credit(c)) for c in CLIENTS]
         assert all(x == y for x, y in credits), f"seed {seed} op {i}: credits {credits}"
+        tallies = [(fast.client_tokens(c), ref.client_tokens(c)) for c in CLIENTS]
+        assert all(x == y for x, y in tallies), f"seed {seed} op {i}: tokens {tallies}"
         fast._check_invariants()
     return len(known)
 

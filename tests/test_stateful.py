@@ -1,7 +1,8 @@
 """A hypothesis state machine over the Python object: after every operation,
-no request is lost or duplicated, counters never decrease, and occupancy
-stays within M (the engine-mode calls that hand memory to the engine are
-left out here; the fuzz target covers them)."""
+no request is lost or duplicated, counters never decrease, occupancy stays
+within M, and every client's token tally is what a model of the charges
+counts (the engine-mode calls that hand memory to the engine are left out
+here; the fuzz target covers them)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ended: set[int] = set()
         self.next_rid = 0
         self.prev: dict = {}
+        # the token model: live or ended request -> (client, prompt - cached_len),
+        # the requests whose prompt was charged, and each client's (prompt, decode)
+        self.computed: dict[int, tuple] = {}
+        self.paid: set[int] = set()
+        self.tally: dict = {}
 
     @rule(client=CLIENTS, prompt=st.integers(-2, 70), cached=st.integers(0, 3))
     def submit(self, client, prompt, cached):
@@ -34,12 +40,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert prompt < 1 or prompt > self.M or cached > prompt
             return
         self.model[rid] = "waiting"
+        self.computed[rid] = (client, prompt - cached)
+        self.tally.setdefault(client, (0, 0))
+
+    def count(self, rid: int, prompt: int = 0, decode: int = 0) -> None:
+        client = self.computed[rid][0]
+        p, d = self.tally[client]
+        self.tally[client] = (p + prompt, d + decode)
 
     @rule()
     def schedule(self):
         for rid in self.s.schedule():
             assert self.model[rid] == "waiting"
             self.model[rid] = "running"
+            if rid not in self.paid:  # a preempted request's prompt is not charged again
+                self.paid.add(rid)
+                self.count(rid, prompt=self.computed[rid][1])
 
     @rule()
     def decode(self):
@@ -54,6 +70,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for rid in preempted:
             assert self.model[rid] == "running"
             self.model[rid] = "waiting"
+        for rid in self.s.running():  # every request still running grew by one token
+            self.count(rid, decode=1)
 
     @precondition(lambda self: self.model)
     @rule(data=st.data())
@@ -109,6 +127,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def forget(self):
         self.s.forget_idle()
         self.prev = {c: v for c, v in self.prev.items() if c in self.s.counters()}
+        self.tally = {c: v for c, v in self.tally.items() if c in self.s.counters()}
 
     @invariant()
     def every_request_in_exactly_one_place(self):
@@ -126,6 +145,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.prev = counters
         assert self.s.occupancy <= self.M
         self.s._check_invariants()
+
+    @invariant()
+    def token_tallies_are_what_was_charged(self):
+        tokens = self.s.tokens()
+        assert tokens == {c: self.tally.get(c, (0, 0)) for c in self.s.counters()}
+        assert all(self.s.client_tokens(c) == t for c, t in tokens.items())
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase

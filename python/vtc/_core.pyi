@@ -189,6 +189,23 @@ class Scheduler:
         """Every client's virtual counter."""
     def services(self) -> dict[ClientKey, float]:
         """Every client's delivered weighted service."""
+    def client_tokens(self, client: ClientKey) -> tuple[int, int]:
+        """The raw tokens charged to the client, ``(prompt, decode)`` (``(0, 0)`` if
+        never seen): token counts, whatever they cost (prices, weight, cost function
+        and credit do not enter).
+
+        ``prompt``: at each request's first admission (``schedule`` or ``pop``), its
+        prompt less its ``cached_len``; a request re-admitted after a preemption adds
+        nothing. ``decode``: the output tokens whose cost was charged: those of every
+        ``decode`` and ``decode_outputs`` call, and a prediction's tokens, charged at
+        the first admission (decode then adds only tokens beyond it; a refunded
+        over-prediction is not taken back). Both only grow, saturating at 2**64 - 1,
+        until ``forget_idle`` forgets the client; a scheduler restored by
+        ``from_snapshot`` starts every client at ``(0, 0)``.
+        """
+    def tokens(self) -> dict[ClientKey, tuple[int, int]]:
+        """Every client's ``client_tokens``: ``(prompt, decode)``, the same keys as
+        ``counters()``. One call for a metrics refresh."""
     def clients(self) -> list[ClientKey]:
         """Every client the scheduler knows (not forgotten), by internal id."""
     def submit(
@@ -289,10 +306,10 @@ class Scheduler:
         counter at or below the floor (the least counter among backlogged and running
         clients), other than the lift's last-left reference. When such a client
         returns, the lift places it exactly where a brand-new client goes, so every
-        future decision is unchanged; only its ``service()`` history is lost. Under
-        ``"fcfs"`` any idle client with default weight; under ``"lcf"`` none. Call it
-        periodically to keep memory proportional to the live clients. Returns the
-        number forgotten.
+        future decision is unchanged; only its ``service()`` history and its
+        ``tokens()`` tally are lost. Under ``"fcfs"`` any idle client with default
+        weight; under ``"lcf"`` none. Call it periodically to keep memory
+        proportional to the live clients. Returns the number forgotten.
         """
     def snapshot(self) -> bytes:
         """The fairness state as bytes: configuration, every client's counter, service
@@ -313,7 +330,8 @@ class Scheduler:
 
         The snapshot keeps ``M``, ``wp``, ``wq`` and the policy only: pass ``cost``,
         ``client_cap`` and ``predictor`` again to restore a scheduler that used them
-        (refund credits and moving averages are not kept).
+        (refund credits and moving averages are not kept; every client's
+        ``tokens()`` tally starts at ``(0, 0)``).
 
         Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
         version.

@@ -103,6 +103,14 @@ charges only tokens beyond ``p``.  When a request that was admitted leaves
 next charges (``used = min(credit, amount)``) instead.  The lift treats
 ``counter - credit`` as the client's position: ``new = max(counter, floor)``,
 ``credit = new - max(counter - credit, floor)``.
+
+Token tallies (``tokens()``, ``client_tokens(client)``): per client, the raw
+tokens charged, ``(prompt, decode)``, whatever they cost (prices, weight,
+cost and credit do not enter).  ``prompt`` grows by ``prompt_len -
+cached_len`` at a request's first admission (never at a re-admission after a
+preemption); ``decode`` by ``T`` of every charge, the tokens of each decode
+call beyond the prediction, and by the predicted tokens charged at first
+admission.  Both only grow, saturating at ``2**64 - 1``.
 """
 
 from __future__ import annotations
@@ -133,6 +141,7 @@ MAX_PRICE = 1e9
 MIN_WEIGHT = 1e-6
 MAX_WEIGHT = 1e6
 MAX_COUNTER = 1e30
+U64_MAX = 2**64 - 1  # token tallies saturate there
 DEFAULT_BETA = 1.0 / 512.0
 PAPER_QUADRATIC = {"a_p": 2.1, "a_q": 1.0, "a_pq": 0.04, "a_qq": 0.032, "c": 11.46}
 
@@ -193,6 +202,8 @@ class _Client:
     occupancy: int = 0  # KV tokens of its running requests
     credit: float = 0.0  # refunded over-prediction not yet absorbed
     mean_output: float | None = None  # "mean" predictor
+    prompt_tokens: int = 0  # raw prompt tokens charged (cached ones excluded)
+    decode_tokens: int = 0  # raw output tokens charged (predicted ones included)
 
 
 @dataclass
@@ -515,6 +526,8 @@ class Scheduler:
             elif self.predictor == "mean" and c.mean_output is not None:
                 r.predicted = math.floor(c.mean_output)
             amount = self.cost.prefill(r.prompt - r.cached)
+            c.prompt_tokens = min(c.prompt_tokens + r.prompt - r.cached, U64_MAX)
+            c.decode_tokens = min(c.decode_tokens + r.predicted, U64_MAX)
             if r.predicted > 0:
                 amount = amount + self.cost.decode(*self._sums(r.prompt, 0, r.predicted))
             self._charge(c, amount * c.inv_w)
@@ -618,6 +631,7 @@ class Scheduler:
     def _charge_tokens(self, per_client: dict) -> None:
         for k, sums in per_client.items():
             c = self._clients[k]
+            c.decode_tokens = min(c.decode_tokens + sums[0], U64_MAX)  # sums[0] is T
             self._charge(c, self.cost.decode(*sums) * c.inv_w)
 
     def _settle(self, r: _Request, learn: bool) -> None:
@@ -774,6 +788,13 @@ class Scheduler:
 
     def services(self) -> dict:
         return {k: c.service for k, c in self._clients.items()}
+
+    def tokens(self) -> dict:
+        return {k: (c.prompt_tokens, c.decode_tokens) for k, c in self._clients.items()}
+
+    def client_tokens(self, client) -> tuple[int, int]:
+        c = self._clients.get(_check_client(client))
+        return (c.prompt_tokens, c.decode_tokens) if c else (0, 0)
 
     def credit(self, client) -> float:
         c = self._clients.get(_check_client(client))

@@ -1,6 +1,7 @@
 //! Per-client state: the virtual counter, the service actually delivered, the
 //! weight (with its inverse precomputed, as dmclock does), the FIFO of waiting
-//! requests, and the client's position in the backlog heap.
+//! requests, the client's position in the backlog heap, and the tally of the
+//! raw tokens it was charged.
 
 use std::collections::VecDeque;
 
@@ -50,6 +51,12 @@ pub struct Client {
     /// Refunded over-predictions not yet absorbed by later charges
     /// (weighted service; see `Scheduler::settle`).
     pub(crate) credit: f64,
+    /// Raw prompt tokens charged at admission (prompt minus `cached_len`,
+    /// once per request). Saturating; see `Scheduler::tokens`.
+    pub(crate) prompt_tokens: u64,
+    /// Raw output tokens charged: by decode calls, and predicted output
+    /// pre-charged at admission. Saturating; see `Scheduler::tokens`.
+    pub(crate) decode_tokens: u64,
     /// False once forgotten; the id is then free for reuse.
     pub(crate) live: bool,
 }
@@ -70,6 +77,8 @@ impl Default for Client {
             pending_tokens: 0,
             occupancy: 0,
             credit: 0.0,
+            prompt_tokens: 0,
+            decode_tokens: 0,
             live: true,
         }
     }
@@ -105,6 +114,16 @@ impl Client {
     #[inline]
     pub fn credit(&self) -> f64 {
         self.credit
+    }
+    /// Raw prompt tokens charged to this client (see `Scheduler::tokens`).
+    #[inline]
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+    }
+    /// Raw output tokens charged to this client (see `Scheduler::tokens`).
+    #[inline]
+    pub fn decode_tokens(&self) -> u64 {
+        self.decode_tokens
     }
     #[inline]
     pub fn is_backlogged(&self) -> bool {

@@ -380,6 +380,27 @@ impl Scheduler {
         self.client(c).map(|c| c.service)
     }
 
+    /// The raw tokens charged to `c`, `(prompt, decode)`, whatever they cost
+    /// (prices, weight, cost function and refund credit do not enter):
+    ///
+    /// * `prompt`: at each request's first admission (`schedule`, `pop`,
+    ///   `pop_cached`), its prompt minus its `cached_len`; a request
+    ///   re-admitted after a preemption is not charged its prompt again and
+    ///   adds nothing;
+    /// * `decode`: the output tokens whose cost was charged: those of every
+    ///   decode call (`decode_step`, `decode`), and a prediction's tokens,
+    ///   pre-charged at the first admission (a decode then adds only tokens
+    ///   beyond the prediction, and an over-prediction refunded at finish is
+    ///   not taken back: the tally only grows).
+    ///
+    /// Both saturate at `u64::MAX`. The tally lives in the client record: a
+    /// client forgotten by [`forget_idle`](Self::forget_idle) loses it (a
+    /// client added again starts at 0), and a snapshot does not store it (a
+    /// restored scheduler starts every client at 0).
+    pub fn tokens(&self, c: ClientId) -> Result<(u64, u64)> {
+        self.client(c).map(|c| (c.prompt_tokens, c.decode_tokens))
+    }
+
     pub fn status(&self, rid: u64) -> Option<RequestState> {
         self.index
             .get(&rid)
@@ -501,8 +522,8 @@ impl Scheduler {
      * lifted on its return to exactly what a brand-new client gets:
      * forgetting it changes no future decision. (Under lcf a returning
      * client is not lifted, so nothing is forgotten; under fcfs counters
-     * decide nothing, so any idle client may go.) Its delivered service is
-     * forgotten with it.
+     * decide nothing, so any idle client may go.) Its delivered service and
+     * its token tally (`tokens`) are forgotten with it.
      *
      * A refund credit does not pin a client either: the lift of a client
      * with credit moves its position counter - credit up to the floor, so
@@ -866,6 +887,7 @@ impl Scheduler {
         let rid = r.rid;
         let fp = r.footprint();
         // A preempted request that comes back already paid for its prompt.
+        let (mut prompt_tokens, mut decode_tokens) = (0, 0);
         let charge = if r.prefill_paid {
             None
         } else {
@@ -875,6 +897,7 @@ impl Scheduler {
                 _ => 0,
             };
             r.predicted = predicted;
+            (prompt_tokens, decode_tokens) = (r.prompt - r.cached, predicted);
             let prefill = cost.prefill(r.prompt - r.cached);
             Some(if predicted > 0 {
                 let mut p = Pending::default();
@@ -893,6 +916,8 @@ impl Scheduler {
             self.update_curr(c, w);
         }
         let cl = &mut self.clients[c as usize];
+        cl.prompt_tokens = cl.prompt_tokens.saturating_add(prompt_tokens);
+        cl.decode_tokens = cl.decode_tokens.saturating_add(decode_tokens);
         cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
@@ -1011,6 +1036,7 @@ impl Scheduler {
         for &c in &touched {
             let cl = &mut self.clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
+            cl.decode_tokens = cl.decode_tokens.saturating_add(t);
             let amount = match cost {
                 Cost::Linear { wq, .. } => wq * t as f64,
                 _ => cost.decode(&std::mem::take(&mut self.extra[c as usize])),
@@ -1538,5 +1564,25 @@ impl Scheduler {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_tallies_saturate_instead_of_overflowing() {
+        let mut s = Scheduler::new(1000, 1.0, 2.0, Policy::Vtc).unwrap();
+        let x = s.add_client();
+        s.clients[x.0 as usize].prompt_tokens = u64::MAX - 1;
+        s.clients[x.0 as usize].decode_tokens = u64::MAX - 2;
+        s.submit_full(1, x, 10, 0, Some(5)).unwrap();
+        s.schedule(&mut Vec::new());
+        assert_eq!(s.tokens(x).unwrap(), (u64::MAX, u64::MAX));
+        s.decode(&[1], Tokens::Each(20)).unwrap();
+        s.decode_step(&mut Vec::new()).unwrap();
+        assert_eq!(s.tokens(x).unwrap(), (u64::MAX, u64::MAX));
+        s.check_invariants().unwrap();
     }
 }

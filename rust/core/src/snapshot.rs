@@ -4,7 +4,9 @@
 //! counter, delivered service and weight with an opaque key supplied by the
 //! caller (the Python binding stores the tenant key there), and the client
 //! that last left the backlog. Requests are not included: an engine that
-//! restarts has lost its batch and resubmits what it still owes.
+//! restarts has lost its batch and resubmits what it still owes. Nor are the
+//! per-client token tallies ([`Scheduler::tokens`]): they are statistics, not
+//! fairness state, and a restored scheduler starts every client's tally at 0.
 //!
 //! Format, version 1, little-endian:
 //!
@@ -149,7 +151,9 @@ impl Scheduler {
         out
     }
 
-    /// Decode a snapshot made by [`snapshot`](Self::snapshot).
+    /// Decode a snapshot made by [`snapshot`](Self::snapshot). Every
+    /// client's token tally ([`tokens`](Self::tokens)) starts at 0: the
+    /// format does not store it.
     pub fn restore(data: &[u8]) -> Result<Restored> {
         let mut h = Reader { data, pos: 0 };
         if h.take(8, "the magic bytes")? != MAGIC {

@@ -1094,6 +1094,17 @@ impl PyScheduler {
         })
     }
 
+    /// The raw tokens charged to the client, `(prompt, decode)` ((0, 0) if
+    /// never seen). See `vtc/_core.pyi`.
+    fn client_tokens(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<(u64, u64)> {
+        let key = client_arg(client)?;
+        let g = self.lock(py)?;
+        Ok(match g.lookup(&key) {
+            Some(c) => g.core.tokens(c)?,
+            None => (0, 0),
+        })
+    }
+
     #[pyo3(signature = (request_id, client, prompt_len, cached_len = None, predicted_output = None))]
     fn submit(
         &self,
@@ -1482,6 +1493,11 @@ impl PyScheduler {
         self.per_client(py, |c| c.service())
     }
 
+    /// Every client's raw charged tokens, `(prompt, decode)`.
+    fn tokens<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.per_client(py, |c| (c.prompt_tokens(), c.decode_tokens()))
+    }
+
     /// Forget idle clients whose state can no longer influence a decision;
     /// returns how many were forgotten.
     fn forget_idle(&self, py: Python<'_>) -> Result<usize> {
@@ -1619,12 +1635,12 @@ impl PyScheduler {
 }
 
 impl PyScheduler {
-    fn per_client<'py>(
+    fn per_client<'py, V: IntoPyObject<'py>>(
         &self,
         py: Python<'py>,
-        f: impl Fn(&vtc_core::Client) -> f64,
+        f: impl Fn(&vtc_core::Client) -> V,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let values: Vec<(Key, f64)> = {
+        let values: Vec<(Key, V)> = {
             let g = self.lock(py)?;
             g.live_keys()
                 .map(|(c, k)| {
