@@ -230,3 +230,27 @@ def test_a_new_engine_in_the_process_reuses_the_families_and_clears_their_series
     second = TenantMetrics(registry)  # registering the same names again would raise
     assert second.requests is first.requests
     assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") is None
+
+
+def test_tokens_come_from_the_core_and_survive_a_forget_between_refreshes():
+    adapter, metrics, registry, clock = setup(interval=3600.0)
+    assert not adapter.observers.wants("charged")  # no per-charge work for metrics
+    a = adapter.arrive("a1", None, ["gone"], 10)
+    adapter.requests.admit(a, 0)
+    adapter.step_done()  # the first refresh
+    adapter.requests.charge([(a, 4)])
+    adapter.requests.release("a1", finished=True)
+    b = adapter.arrive("b1", None, ["stays"], 10)
+    adapter.requests.admit(b, 0)  # passes gone's counter: gone can be forgotten
+    assert adapter.tenancy.forget_idle() == 1  # before any refresh saw gone's 4 tokens
+    clock.now += 3600.0
+    adapter.step_done()
+    decode = {
+        labels["tenant"]: v
+        for family in registry.collect()
+        for name, labels, v, *_ in family.samples
+        if name == "vtc_tenant_service_tokens_total" and labels["kind"] == "decode"
+    }
+    assert "gone" not in decode and decode[OTHER] == 4  # nothing lost
+    prompt = value(registry, "vtc_tenant_service_tokens_total", tenant="stays", kind="prompt")
+    assert prompt == 10

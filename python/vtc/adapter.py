@@ -79,6 +79,10 @@ class Observer:
     def released(self, t: Tracked, finished: bool) -> None:
         """``t`` left: it ran to completion (``finished``) or was cancelled."""
 
+    def forgetting(self, core: Scheduler) -> None:
+        """The core is about to forget idle tenants (``forget_idle``): what it
+        keeps of them (counters, token tallies) goes with them."""
+
     def forgot(self, tenants: list[str]) -> None:
         """The core forgot these idle tenants (``forget_idle``)."""
 
@@ -93,6 +97,17 @@ class _Observers(list):
         super().__init__(observers)
         self._log = log or _log
         self._failed: set[tuple[int, str]] = set()
+        self._wants: dict[tuple[Any, ...], bool] = {}
+
+    def wants(self, point: str) -> bool:
+        """Whether an observer overrides ``point``: a hot path builds the
+        arguments of a point only if someone listens to it."""
+        key = (point, len(self), *map(id, self))
+        known = self._wants.get(key)
+        if known is None:
+            base = getattr(Observer, point)
+            known = self._wants[key] = any(getattr(type(o), point, base) is not base for o in self)
+        return known
 
     def notify(self, point: str, *args: Any) -> None:
         for o in self:
@@ -168,6 +183,8 @@ class Tenancy:
     def forget_idle(self) -> int:
         """Let the core forget idle tenants now; how many it forgot."""
         before = set(self.core.clients()) if self.observers else None
+        if self.observers.wants("forgetting"):
+            self.observers.notify("forgetting", self.core)
         n = self.core.forget_idle()
         if n:
             clients = self.core.clients()
@@ -445,7 +462,7 @@ class Requests:
             if per_rid:
                 _decode(self.core, per_rid)
         by_rid = self._by_rid
-        if self.observers and per_rid:
+        if per_rid and self.observers.wants("charged"):
             self.observers.notify("charged", [(by_rid[r], n) for r, n in per_rid.items()])
         return [(by_rid[rid], n) for rid, n in idle if rid in by_rid]
 
@@ -504,7 +521,7 @@ class Requests:
         except _CHARGE_ERRORS:
             self.charge_keys(zip(map(ids, outputs), map(len, map(counts, outputs))))
             return
-        if self.observers:  # charged in the core: tell them what, in Python
+        if self.observers.wants("charged"):  # charged in the core: tell them what, in Python
             get = self._by_key.get
             produced = [(get(ids(o)), len(counts(o))) for o in outputs]
             self.observers.notify("charged", [(t, n) for t, n in produced if n > 0 and t])
@@ -546,31 +563,40 @@ class TenantTrace(Observer):
         self.tokens[tenant] = self.tokens.get(tenant, 0) + tokens
         self._changed = True
 
-    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
-        """As an :class:`Observer`: generated tokens, by the requests' tenants."""
-        for t, n in produced:
-            self.add(t.tenant, n)
-
     def forgot(self, tenants: list[str]) -> None:
-        """As an :class:`Observer`: forgotten tenants leave the records."""
+        """As an :class:`Observer`: forgotten tenants leave the records (the
+        core's tallies go with them)."""
+        self._changed = True
         for tenant in tenants:
-            if self.tokens.pop(tenant, None) is not None:
-                self._changed = True
+            self.tokens.pop(tenant, None)
 
     def stepped(self, adapter: Adapter) -> None:
         """As an :class:`Observer`: a record if ``interval`` has passed, or if the
-        engine is idle now and was not at the last record."""
-        self.maybe_write(adapter.requests.queued, idle=len(adapter.requests) == 0)
+        engine is idle now and was not at the last record. Its tokens are the
+        core's tallies (``Scheduler.tokens``), read only for a record."""
+        core = adapter.core
 
-    def maybe_write(self, queued: Callable[[], Mapping[str, int]], idle: bool = False) -> bool:
+        def tokens() -> dict[str, int]:
+            return {str(k): d for k, (_, d) in core.tokens().items() if d}
+
+        self.maybe_write(adapter.requests.queued, idle=len(adapter.requests) == 0, tokens=tokens)
+
+    def maybe_write(
+        self,
+        queued: Callable[[], Mapping[str, int]],
+        idle: bool = False,
+        tokens: Callable[[], Mapping[str, int]] | None = None,
+    ) -> bool:
         """Append a record if ``interval`` has passed since the last one, or if the
         engine is ``idle`` (nothing queued) and the last record does not say all
-        there is (it was not idle, or tokens changed since); whether it wrote one."""
+        there is (it was not idle, or tokens changed since); whether it wrote one.
+        ``tokens``: each tenant's tokens so far (default: what :meth:`add` added)."""
         now = time.monotonic()
         if now - self._last < self.interval and not (idle and (self._changed or not self._idle)):
             return False
         self._last, self._idle, self._changed = now, idle, False
-        record = {"t": now, "time": time.time(), "tokens": self.tokens, "queued": dict(queued())}
+        got = self.tokens if tokens is None else tokens()
+        record = {"t": now, "time": time.time(), "tokens": got, "queued": dict(queued())}
         self._file.write(json.dumps(record) + "\n")
         return True
 

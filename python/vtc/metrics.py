@@ -1,10 +1,11 @@
 """Per-tenant Prometheus metrics of an engine's VTC, as an adapter observer.
 
-:class:`TenantMetrics` is a :class:`vtc.adapter.Observer`: the adapter tells it
-what was charged, admitted and preempted, and after every step it refreshes the
-gauges if ``interval`` seconds have passed. Between refreshes a step costs a
-dictionary update per charged request; a refresh reads the core once (counters,
-services, request states).
+:class:`TenantMetrics` is a :class:`vtc.adapter.Observer`: after every step it
+refreshes the series if ``interval`` seconds have passed. Between refreshes a
+step costs nothing but a clock read: token counts are the core's own tallies
+(``Scheduler.tokens``), read at a refresh with the counters, services and
+request states (and before the core forgets tenants, whose tallies go with
+them); the adapter tells it only of admissions and preemptions.
 
 ===================================  =========  ====================================
 series                               type       meaning
@@ -158,10 +159,11 @@ class TenantMetrics(Observer):
         self._last = -math.inf
         self._idle = True
         self._longest = 0  # the longest prompt admitted (L of the bound)
-        # increments since the last refresh, by tenant
+        # increments not yet on the series, by tenant
         self._prompt: dict[str, int] = {}
         self._decode: dict[str, int] = {}
         self._preempt: dict[str, int] = {}
+        self._seen: dict[str, tuple[int, int]] = {}  # the core's tallies, last read
         self._labelled: set[str] = set()  # tenants with their own series
         # tenant -> {(metric id, *labels): [child, last value set]}
         self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
@@ -169,22 +171,21 @@ class TenantMetrics(Observer):
         self._history: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
 
     # -- observer points ---------------------------------------------------------------
+    # Tokens are not observed charge by charge: the core keeps each tenant's
+    # tallies (Scheduler.tokens), read at refresh, and before it forgets.
     def admitted(self, t: Tracked, prompt_tokens: int) -> None:
-        if prompt_tokens:
-            self._prompt[t.tenant] = self._prompt.get(t.tenant, 0) + prompt_tokens
         if t.prompt_len > self._longest:
             self._longest = t.prompt_len
 
-    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
-        decode = self._decode
-        for t, n in produced:
-            decode[t.tenant] = decode.get(t.tenant, 0) + n
+    def forgetting(self, core: Any) -> None:
+        self._read_tokens(core)  # the tallies of the tenants it forgets go with them
 
     def preempted(self, t: Tracked) -> None:
         self._preempt[t.tenant] = self._preempt.get(t.tenant, 0) + 1
 
     def forgot(self, tenants: list[str]) -> None:
         for tenant in tenants:
+            self._seen.pop(tenant, None)
             self._fold_into_other(tenant)
             self._remove(tenant)
             self._labelled.discard(tenant)
@@ -206,6 +207,7 @@ class TenantMetrics(Observer):
         counters = adapter.tenancy.counters()
         services = adapter.tenancy.services()
         waiting, running = adapter.requests.by_tenant()
+        self._read_tokens(adapter.core)
         backlogged = [t for t, n in waiting.items() if n > 0 and t in services]
 
         history = self._history
@@ -251,6 +253,22 @@ class TenantMetrics(Observer):
             span = now - start
             rates = [(services[t] - before[t]) / span for t in backlogged if t in was_backlogged]
             self.jain.set(jain_index(rates))
+
+    def _read_tokens(self, core: Any) -> None:
+        """Add what the core's tallies grew by since the last read to the pending
+        increments (a tally that went back started again: a forgotten tenant)."""
+        seen, prompt, decode = self._seen, self._prompt, self._decode
+        for key, (p, d) in core.tokens().items():
+            tenant = key if isinstance(key, str) else str(key)
+            p0, d0 = seen.get(tenant, (0, 0))
+            if p0 > p or d0 > d:
+                p0 = d0 = 0
+            if p > p0:
+                prompt[tenant] = prompt.get(tenant, 0) + p - p0
+            if d > d0:
+                decode[tenant] = decode.get(tenant, 0) + d - d0
+            if p != p0 or d != d0:
+                seen[tenant] = (p, d)
 
     def _relabel(self, tenants: set[str], recent: dict[str, float]) -> None:
         """Give the ``max_tenants`` most served tenants their own series."""
