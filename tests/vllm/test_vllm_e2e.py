@@ -406,11 +406,14 @@ def check_metrics(fair: dict[str, Any], stock: dict[str, Any]) -> None:
     for tenant, requests in (("bursty", EARLY_REQUESTS + BURST_REQUESTS), ("probe", 1)):
         assert total(fair, service, tenant=tenant, kind="decode") == requests * MAX_TOKENS
         assert total(fair, service, tenant=tenant, kind="prompt") == requests * PROMPT_LEN
-    # steady's requests were aborted part-way: what it was charged is what vLLM
-    # generated for it, within the tokens in flight when the client went away
+    # steady's requests were aborted part-way. vLLM's API server counts the
+    # tokens it received (vllm:generation_tokens_total); the engine also charged
+    # the tokens its last steps produced for requests the client had already
+    # left, which the API server drops: at least as many, never more than those
+    # requests could have produced (seen: 0-8 over, on a loaded 2-core machine).
     generated = total(fair, "vllm:generation_tokens_total")
     charged = total(fair, service, kind="decode")
-    assert abs(charged - generated) <= MAX_NUM_SEQS, (charged, generated)
+    assert 0 <= charged - generated <= MAX_NUM_SEQS * MAX_TOKENS, (charged, generated)
     assert total(fair, "vtc_tenant_requests") == 0 and total(fair, "vtc_tenants_active") == 0
     counters = {labels["tenant"] for labels, _ in fair["vtc_tenant_counter"]}
     assert {"bursty", "steady", "probe"} <= counters
