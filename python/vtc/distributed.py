@@ -7,10 +7,10 @@ tenant, plus the lifts.  Every ``sync_interval`` engine steps (or ``sync_ms``
 milliseconds) the replica makes **one round trip** to the store (a Lua script
 on Redis) that
 
-1. pushes the replica's *cumulative* delivered service per tenant (the store
-   keeps what each replica incarnation last pushed and adds only the
-   difference, so a push that is retried, duplicated or replayed after an
-   outage is counted exactly once);
+1. pushes the service the replica charged since its last acknowledged sync,
+   per tenant, numbered (the store keeps what it applied since then, so a
+   request whose reply was lost, or one that is duplicated, is counted
+   exactly once);
 2. updates which tenants have requests waiting on this replica; a tenant that
    becomes backlogged on its first replica is lifted, in the store, to the
    *global floor*: the least counter of the globally backlogged tenants (a
@@ -27,11 +27,14 @@ never lowers), so between syncs it schedules on ``global + unsynced local``.
 Faults: any store error puts the synchronizer in *degraded* mode: the
 scheduler simply keeps running as a local VTC (nothing is blocked or
 dropped; the only time spent is one socket timeout per ``retry_ms``).  When
-the store answers again the next sync sends the full state (cumulative
-service and waiting set), which reconciles everything charged during the
-outage.  A replica that dies loses at most what it charged since its last
-sync.  A Redis restarted from its AOF/RDB keeps the counters; a Redis that
-lost them gets a new *epoch*, and every live replica re-sends its full state.
+the store answers again the next sync reconciles: it pushes what was charged
+meanwhile and sends the whole waiting set, in which a tenant that waited here
+all along keeps its counter (only tenants new here are lifted), so a deficit
+survives an outage of any length.  A Redis that lost its data gets a new
+*epoch*; every live replica then re-sends its state, and a tenant without a
+counter is restored from the replica's own.  A replica that dies loses at
+most what it charged since its last sync.  Stored values that are not
+counters are repaired, never used (``docs/distributed.md``).
 
 Wiring an engine (this is all an integration needs)::
 
@@ -41,6 +44,8 @@ Wiring an engine (this is all an integration needs)::
     else:      sched.submit(rid, tenant, prompt_len)
     ...                                          # once per engine step:
     if shared: shared.on_step(sched)
+    ...                                          # instead of sched.forget_idle():
+    if shared: shared.forget_idle(sched)
 
 or ``shared.start(sched)`` to sync from a background thread instead of
 ``on_step``.  Without ``VTC_REDIS_URL`` nothing here is imported by the
@@ -66,6 +71,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
+from vtc._core import MAX_COUNTER
+
 if TYPE_CHECKING:
     import redis
     from vtc.sim.engine import SimResult
@@ -82,7 +89,7 @@ ENV_SYNC_MS = "VTC_SYNC_MS"
 ENV_REPLICA = "VTC_REPLICA_ID"
 ENV_TIMEOUT_MS = "VTC_REDIS_TIMEOUT_MS"
 
-KEEP_MS = 7 * 24 * 3600 * 1000  # a replica incarnation's pushed totals outlive it this long
+KEEP_MS = 7 * 24 * 3600 * 1000  # what the store applied from a replica outlives it this long
 
 
 class SchedulerLike(Protocol):
@@ -92,6 +99,7 @@ class SchedulerLike(Protocol):
     def service(self, client: Client) -> float: ...  # noqa: D102
     def counter(self, client: Client) -> float: ...  # noqa: D102
     def raise_counter(self, client: Client, value: float) -> None: ...  # noqa: D102
+    def forget_idle(self) -> int: ...  # noqa: D102
     def status(self, request_id: int) -> str | None: ...  # noqa: D102
     def submit(  # noqa: D102
         self, request_id: int, client: Client, prompt_len: int, cached_len: int | None = None
@@ -117,30 +125,51 @@ def decode(key: str | bytes) -> Client:
 class SyncRequest:
     """One replica's sync: everything the store needs, in one message.
 
-    ``services`` holds cumulative delivered service (not deltas); ``add`` and
-    ``remove`` change the replica's waiting set (with ``full`` set, ``add`` *is*
-    the waiting set and ``remove`` is ignored).  Keys are :func:`encode`\\ d.
+    ``services`` holds the service the replica charged since its last
+    *acknowledged* sync ``base`` (``0``: none yet), per tenant; ``seq`` numbers
+    the requests of this replica ``incarnation`` (which is also the epoch the
+    store adopts if it has none). The store keeps, per replica, what it applied
+    since ``base``, so a request whose reply was lost and whose amounts come
+    again in the next one is counted exactly once, and a replayed request
+    (``seq`` not above the last applied) changes nothing.
+
+    ``add`` and ``remove`` change the replica's waiting set; with ``full`` set,
+    ``add`` and ``keep`` together *are* the waiting set, ``remove`` is ignored,
+    and ``keep`` lists the tenants that have been waiting here since before the
+    last acknowledged sync (a reconciliation does not lift them: their deficit
+    is kept), while ``add`` are arrivals (lifted to the global floor).
+    ``hints`` (full syncs) are the replica's local counters, used only for a
+    tenant the store has no counter of (it lost its data). Keys are
+    :func:`encode`\\ d.
     """
 
     replica: str
-    epoch: str
-    candidate_epoch: str
+    epoch: str | bytes
+    incarnation: str
+    seq: int
+    base: int
     full: bool
     services: dict[str, float]
     add: list[str]
     remove: list[str]
     pull: list[str]
     liveness_ms: int
+    keep: list[str] = field(default_factory=list)
+    hints: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class SyncReply:
-    """The store's answer: ``status`` is ``"ok"`` or ``"resync"`` (send the full state)."""
+    """The store's answer: ``status`` is ``"ok"`` or ``"resync"`` (send the full state).
+
+    ``counters`` holds one value per pulled tenant, ``None`` for a tenant the
+    store has no counter of.
+    """
 
     status: str
-    epoch: str
+    epoch: str | bytes
     floor: float | None = None
-    counters: list[float] = field(default_factory=list)
+    counters: list[float | None] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -151,38 +180,103 @@ class Store(Protocol):
     def backlog(self) -> dict[Client, float]: ...  # noqa: D102
 
 
+def stored_number(raw: Any) -> float | None:
+    """A stored counter as a float, or ``None`` unless it is one: finite, in ``[0, MAX_COUNTER]``.
+
+    Anything else (``abc``, ``nan``, ``inf``, ``1e300``, bytes that are not
+    text) is what a corrupt or hostile store holds; it is never used.
+    """
+    if raw is None or raw == b"" or raw == "":
+        return None
+    try:
+        x = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return x if 0.0 <= x <= MAX_COUNTER else None  # False for nan
+
+
 # The whole sync, atomically, in one round trip.  ARGV: prefix, replica, known epoch,
-# candidate epoch, full, liveness_ms, keep_ms, then three counted lists
-# (n, tenant, cum, tenant, cum, ...), (n, adds...), (n, removes...), (n, pulls...).
+# incarnation, full, liveness_ms, keep_ms, seq, base, then counted lists
+# (n, tenant, amount, ...) services, (n, tenant, value, ...) hints, (n, ...) adds, keeps,
+# removes, pulls.
+#
+# A stored value is used only if it is a number in [0, MAX_COUNTER]: a counter that is not
+# (corrupt, or written by someone else) is replaced by the global floor (where a returning
+# tenant goes: it neither starves nor banks), a backlog score that is not is re-scored
+# from the counter, a lastleft that is not is ignored.
 SYNC_LUA = r"""
-local P, rid, known = ARGV[1], ARGV[2], ARGV[3]
+local P, rid, known, inc = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local full = ARGV[5] == '1'
 local live, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
+local seq, base = tonumber(ARGV[8]), tonumber(ARGV[9])
+local MAXV = tonumber(ARGV[10])
 local CNT, BL, REFS = P .. 'counter', P .. 'backlog', P .. 'refs'
 local LAST, REPS = P .. 'lastleft', P .. 'replicas'
 local W, S = P .. 'w:' .. rid, P .. 's:' .. rid
 local function fmt(x) return string.format('%.17g', x) end
+local function num(s)
+  if type(s) ~= 'string' then return nil end
+  local x = tonumber(s)
+  if x == nil or x ~= x or x < 0 or x > MAXV then return nil end
+  return x
+end
 
 local epoch = redis.call('GET', P .. 'epoch')
 if not epoch then
-  epoch = ARGV[4]
+  epoch = inc
   redis.call('SET', P .. 'epoch', epoch)
 end
 if not full and (epoch ~= known or not redis.call('ZSCORE', REPS, rid)) then
   return {'resync', epoch}
 end
 
+local function refs(c)
+  local r = tonumber(redis.call('HGET', REFS, c) or '0')
+  if r == nil or r ~= r or r < 0 then return 0 end
+  return math.floor(r)
+end
 local function floor_value()
-  local low = redis.call('ZRANGE', BL, 0, 0, 'WITHSCORES')
-  if #low > 0 then return low[2] end
-  return redis.call('GET', LAST)
+  for _ = 1, 16 do
+    local low = redis.call('ZRANGE', BL, 0, 0, 'WITHSCORES')
+    if #low == 0 then return num(redis.call('GET', LAST)) end
+    local x = num(low[2])
+    if x then return x end
+    local g = num(redis.call('HGET', CNT, low[1]))
+    if g then redis.call('ZADD', BL, fmt(g), low[1]) else redis.call('ZREM', BL, low[1]) end
+  end
+  return nil
+end
+local function write(c, g)
+  redis.call('HSET', CNT, c, fmt(g))
+  if refs(c) > 0 then redis.call('ZADD', BL, fmt(g), c) end
+end
+-- a tenant's counter: nil if it has none; a corrupt one is replaced by the floor
+local function read(c)
+  local raw = redis.call('HGET', CNT, c)
+  if not raw then return nil end
+  local x = num(raw)
+  if x then return x end
+  redis.call('HDEL', CNT, c)
+  x = floor_value() or 0
+  redis.log(redis.LOG_WARNING, 'vtc: counter of ' .. c .. ' was no number; set to the floor')
+  write(c, x)
+  return x
 end
 local function leave(c)
-  if redis.call('HINCRBY', REFS, c, -1) <= 0 then
+  local r = refs(c) - 1
+  if r <= 0 then
     redis.call('HDEL', REFS, c)
     redis.call('ZREM', BL, c)
-    redis.call('SET', LAST, redis.call('HGET', CNT, c) or '0')
+    local g = read(c)
+    if g then redis.call('SET', LAST, fmt(g)) end
+  else
+    redis.call('HSET', REFS, c, r)
   end
+end
+local function join(c)
+  local r = refs(c) + 1
+  redis.call('HSET', REFS, c, r)
+  return r == 1
 end
 
 -- liveness, and the reaping of replicas that stopped syncing
@@ -199,59 +293,87 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
 end
 redis.call('ZADD', REPS, now, rid)
 
--- push: cumulative service per tenant; only the increase over the last push counts
-local i = 8
-local n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  local c, cum = ARGV[i], tonumber(ARGV[i + 1])
-  local old = tonumber(redis.call('HGET', S, c) or '0')
-  if cum > old then
-    local g = redis.call('HINCRBYFLOAT', CNT, c, fmt(cum - old))
-    redis.call('HSET', S, c, ARGV[i + 1])
-    if redis.call('ZSCORE', BL, c) then redis.call('ZADD', BL, g, c) end
-  end
-  i = i + 2
+-- what was applied from this replica since its last acknowledged sync
+local replay = false
+local rseq, rbase = num(redis.call('HGET', S, '#seq')), num(redis.call('HGET', S, '#base'))
+if redis.call('HGET', S, '#inc') ~= inc or not rseq or not rbase then
+  redis.call('DEL', S)         -- a new incarnation, or no record (lost, expired)
+elseif seq <= rseq then
+  replay = true                -- this request was applied already
+elseif base >= rseq then
+  redis.call('DEL', S)         -- the replica saw the reply to everything applied
 end
-if keep > 0 then redis.call('PEXPIRE', S, keep) end
 
--- the waiting set of this replica: leavers first, then arrivals (lifted to the floor)
-local adds, rems = {}, {}
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do adds[#adds + 1] = ARGV[i]; i = i + 1 end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do rems[#rems + 1] = ARGV[i]; i = i + 1 end
-if full then
-  local want = {}
-  for _, c in ipairs(adds) do want[c] = true end
-  rems = {}
-  for _, c in ipairs(redis.call('SMEMBERS', W)) do
-    if not want[c] then rems[#rems + 1] = c end
-  end
-  table.sort(rems)
+local i = 11
+local function list()
+  local out = {}
+  local n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do out[#out + 1] = ARGV[i]; i = i + 1 end
+  return out
 end
-for _, c in ipairs(rems) do
-  if redis.call('SREM', W, c) == 1 then leave(c) end
-end
--- tenants arriving in one sync are lifted to the floor of those already backlogged,
--- not to each other's counters (they became backlogged concurrently)
-local f = tonumber(floor_value() or '')
-for _, c in ipairs(adds) do
-  if redis.call('SADD', W, c) == 1 and redis.call('HINCRBY', REFS, c, 1) == 1 then
-    local g = tonumber(redis.call('HGET', CNT, c) or '0')
-    if f and f > g then
-      g = f
-      redis.call('HSET', CNT, c, fmt(g))
+local svc = list()
+local hv = list()
+local hint = {}
+for k = 1, #hv, 2 do hint[hv[k]] = num(hv[k + 1]) end
+local adds, keeps, rems, pulls = list(), list(), list(), list()
+
+if not replay then
+  -- push: service since `base`; only the increase over what was applied since counts
+  for k = 1, #svc, 2 do
+    local c, amt = svc[k], tonumber(svc[k + 1])
+    local old = num(redis.call('HGET', S, c)) or 0
+    if amt > old then
+      local g = read(c)
+      if g then g = g + (amt - old) else g = math.max(hint[c] or 0, amt - old) end
+      write(c, math.min(g, MAXV))
+      redis.call('HSET', S, c, svc[k + 1])
     end
-    redis.call('ZADD', BL, fmt(g), c)
+  end
+  redis.call('HSET', S, '#inc', inc, '#seq', seq, '#base', base)
+  if keep > 0 then redis.call('PEXPIRE', S, keep) end
+  for c, v in pairs(hint) do
+    if v and redis.call('HEXISTS', CNT, c) == 0 then write(c, v) end
+  end
+
+  -- the waiting set of this replica: leavers first, then the tenants waiting here all
+  -- along (a reconciliation: not lifted), then arrivals (lifted to the floor)
+  if full then
+    local want = {}
+    for _, c in ipairs(adds) do want[c] = true end
+    for _, c in ipairs(keeps) do want[c] = true end
+    rems = {}
+    for _, c in ipairs(redis.call('SMEMBERS', W)) do
+      if not want[c] then rems[#rems + 1] = c end
+    end
+    table.sort(rems)
+  end
+  for _, c in ipairs(rems) do
+    if redis.call('SREM', W, c) == 1 then leave(c) end
+  end
+  for _, c in ipairs(keeps) do
+    if redis.call('SADD', W, c) == 1 and join(c) then
+      local g = read(c) or 0
+      write(c, g)
+    end
+  end
+  -- tenants arriving in one sync are lifted to the floor of those already backlogged,
+  -- not to each other's counters (they became backlogged concurrently)
+  local f = floor_value()
+  for _, c in ipairs(adds) do
+    if redis.call('SADD', W, c) == 1 and join(c) then
+      local g = read(c) or 0
+      if f and f > g then g = f end
+      write(c, g)
+    end
   end
 end
 
 -- pull
-local out = {'ok', epoch, floor_value() or ''}
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  out[#out + 1] = redis.call('HGET', CNT, ARGV[i]) or '0'
-  i = i + 1
+local fl = floor_value()
+local out = {'ok', epoch, fl and fmt(fl) or ''}
+for _, c in ipairs(pulls) do
+  local g = read(c)
+  out[#out + 1] = g and fmt(g) or ''
 end
 return out
 """
@@ -266,22 +388,45 @@ def _resp_size(items: Sequence[Any]) -> int:
     return size
 
 
+def check_namespace(namespace: str) -> str:
+    """``namespace`` if it can name a namespace: a non-empty str of at most 256 characters
+    without ``{`` or ``}`` (so no namespace's keys can start with another's prefix)."""
+    if (
+        not isinstance(namespace, str)
+        or not 0 < len(namespace) <= 256
+        or "{" in namespace
+        or "}" in namespace
+    ):
+        raise ValueError(
+            f"namespace must be a non-empty str of at most 256 characters without '{{' or "
+            f"'}}', got {namespace!r}"
+        )
+    return namespace
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a Redis MATCH pattern that matches exactly ``text`` (every non-alphanumeric
+    character escaped: ``*``, ``?``, ``[``, ``]``, ``\\`` and ``^`` lose their meaning)."""
+    return "".join(ch if ch.isalnum() else "\\" + ch for ch in text)
+
+
 class RedisStore:
     """The global counters in Redis, under the key prefix ``vtc:{<namespace>}:``.
 
     All keys of a namespace share one hash tag, so several deployments can
-    share a Redis (one namespace each).  Keys: ``epoch``; ``counter`` (hash:
-    tenant -> global counter); ``backlog`` (sorted set of the globally
-    backlogged tenants by counter); ``refs`` (hash: tenant -> replicas it
-    waits on); ``lastleft``; ``replicas`` (sorted set by last sync, ms);
-    ``w:<replica>`` (set: tenants waiting there); ``s:<replica>`` (hash:
-    cumulative service the replica pushed).  ``bytes_out``/``bytes_in`` count
-    the RESP bytes of every sync.
+    share a Redis (one namespace each; see :func:`check_namespace`).  Keys:
+    ``epoch``; ``counter`` (hash: tenant -> global counter); ``backlog``
+    (sorted set of the globally backlogged tenants by counter); ``refs``
+    (hash: tenant -> replicas it waits on); ``lastleft``; ``replicas`` (sorted
+    set by last sync, ms); ``w:<replica>`` (set: tenants waiting there);
+    ``s:<replica>`` (hash: what the store applied from that replica since its
+    last acknowledged sync, and ``#inc``/``#seq``/``#base``).
+    ``bytes_out``/``bytes_in`` count the RESP bytes of every sync.
     """
 
     def __init__(self, client: redis.Redis, namespace: str = "default", keep_ms: int = KEEP_MS):
         self.client = client
-        self.namespace = namespace
+        self.namespace = check_namespace(namespace)
         self.prefix = f"vtc:{{{namespace}}}:"
         self.keep_ms = keep_ms
         self._script = client.register_script(SYNC_LUA)
@@ -298,6 +443,7 @@ class RedisStore:
 
         import redis
 
+        check_namespace(namespace)
         client = redis.Redis.from_url(
             url,
             socket_timeout=timeout_ms / 1000,
@@ -313,30 +459,34 @@ class RedisStore:
             self.prefix,
             req.replica,
             req.epoch,
-            req.candidate_epoch,
+            req.incarnation,
             "1" if req.full else "0",
             req.liveness_ms,
             self.keep_ms,
-            len(req.services),
+            req.seq,
+            req.base,
+            repr(MAX_COUNTER),
         ]
-        for c, v in req.services.items():
-            args += [c, repr(float(v))]
-        for items in (req.add, req.remove, req.pull):
+        for pairs in (req.services, req.hints):
+            args.append(len(pairs) * 2)
+            for c, v in pairs.items():
+                args += [c, repr(float(v))]
+        for items in (req.add, req.keep, req.remove, req.pull):
             args.append(len(items))
             args += items
         self.bytes_out += _resp_size(["EVALSHA", self._script.sha, 0, *args])
         out = self._script(keys=[], args=args)
         self.bytes_in += _resp_size(out)
-        status, epoch = out[0].decode(), out[1].decode()
+        status, epoch = out[0].decode(), out[1]  # the epoch stays bytes: whatever it holds
         if status != "ok":
             return SyncReply(status, epoch)
-        floor = float(out[2]) if out[2] else None
-        return SyncReply(status, epoch, floor, [float(x) for x in out[3:]])
+        return SyncReply(status, epoch, stored_number(out[2]), [stored_number(x) for x in out[3:]])
 
     def counters(self) -> dict[Client, float]:
-        """Every tenant's global counter."""
+        """Every tenant's global counter (a stored value that is no counter is left out)."""
         raw = self.client.hgetall(self.prefix + "counter")
-        return {decode(k): float(v) for k, v in raw.items()}
+        out = {decode(k): stored_number(v) for k, v in raw.items()}
+        return {c: v for c, v in out.items() if v is not None}
 
     def backlog(self) -> dict[Client, float]:
         """The globally backlogged tenants and their counters."""
@@ -348,46 +498,66 @@ class RedisStore:
         return [r.decode() for r in self.client.zrange(self.prefix + "replicas", 0, -1)]
 
     def clear(self) -> None:
-        """Delete every key of this namespace."""
-        keys = list(self.client.scan_iter(match=self.prefix.replace("{", "\\{") + "*"))
+        """Delete every key of this namespace (and of no other)."""
+        keys = list(self.client.scan_iter(match=glob_escape(self.prefix) + "*"))
         if keys:
             self.client.delete(*keys)
+
+
+@dataclass
+class _Applied:
+    """What :class:`LocalStore` applied from one replica since its last acknowledged sync."""
+
+    inc: str
+    seq: int
+    base: int
+    amounts: dict[str, float] = field(default_factory=dict)
 
 
 class LocalStore:
     """An in-process twin of :data:`SYNC_LUA` (same semantics), for simulations and unit tests.
 
     ``clock`` returns milliseconds (default: wall clock); the simulator passes
-    its step counter.
+    its step counter.  It holds only numbers, so it has no corrupt values.
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self.clock = clock or (lambda: time.time() * 1000)
-        self.epoch: str | None = None
+        self.epoch: str | bytes | None = None
         self.counter: dict[str, float] = {}
         self.bl: dict[str, float] = {}
         self.refs: dict[str, int] = {}
         self.lastleft: float | None = None
         self.seen: dict[str, float] = {}
         self.waiting: dict[str, set[str]] = {}
-        self.pushed: dict[str, dict[str, float]] = {}
+        self.applied: dict[str, _Applied] = {}
 
     def _floor(self) -> float | None:
         if self.bl:
             return min(self.bl.values())
         return self.lastleft
 
+    def _write(self, c: str, g: float) -> None:
+        self.counter[c] = g
+        if self.refs.get(c, 0) > 0:
+            self.bl[c] = g
+
     def _leave(self, c: str) -> None:
         self.refs[c] = self.refs.get(c, 0) - 1
         if self.refs[c] <= 0:
             del self.refs[c]
             self.bl.pop(c, None)
-            self.lastleft = self.counter.get(c, 0.0)
+            if c in self.counter:
+                self.lastleft = self.counter[c]
+
+    def _join(self, c: str) -> bool:
+        self.refs[c] = self.refs.get(c, 0) + 1
+        return self.refs[c] == 1
 
     def sync(self, req: SyncRequest) -> SyncReply:
         """What the Lua script does, step by step."""
         if self.epoch is None:
-            self.epoch = req.candidate_epoch
+            self.epoch = req.incarnation
         if not req.full and (self.epoch != req.epoch or req.replica not in self.seen):
             return SyncReply("resync", self.epoch)
         now = self.clock()
@@ -397,33 +567,56 @@ class LocalStore:
                     self._leave(c)
                 del self.seen[d]
         self.seen[req.replica] = now
-        pushed = self.pushed.setdefault(req.replica, {})
-        for c, cum in req.services.items():
-            old = pushed.get(c, 0.0)
-            if cum > old:
-                self.counter[c] = self.counter.get(c, 0.0) + (cum - old)
-                pushed[c] = cum
-                if c in self.bl:
-                    self.bl[c] = self.counter[c]
-        mine = self.waiting.setdefault(req.replica, set())
-        rems = sorted(mine - set(req.add)) if req.full else req.remove
-        for c in rems:
-            if c in mine:
-                mine.discard(c)
-                self._leave(c)
-        f = self._floor()
-        for c in req.add:
-            if c not in mine:
-                mine.add(c)
-                self.refs[c] = self.refs.get(c, 0) + 1
-                if self.refs[c] == 1:
-                    g = self.counter.get(c, 0.0)
-                    if f is not None and f > g:
-                        g = self.counter[c] = f
-                    self.bl[c] = g
-        return SyncReply(
-            "ok", self.epoch, self._floor(), [self.counter.get(c, 0.0) for c in req.pull]
-        )
+        rec = self.applied.get(req.replica)
+        replay = False
+        if rec is None or rec.inc != req.incarnation:
+            rec = None
+        elif req.seq <= rec.seq:
+            replay = True
+        elif req.base >= rec.seq:
+            rec = None
+        if not replay:
+            if rec is None:
+                rec = _Applied(req.incarnation, req.seq, req.base)
+            rec.seq, rec.base = req.seq, req.base
+            self.applied[req.replica] = rec
+            for c, amt in req.services.items():
+                old = rec.amounts.get(c, 0.0)
+                if amt > old:
+                    g = self.counter.get(c)
+                    if g is None:
+                        g = max(req.hints.get(c, 0.0), amt - old)
+                    else:
+                        g += amt - old
+                    self._write(c, min(g, MAX_COUNTER))
+                    rec.amounts[c] = amt
+            for c, v in req.hints.items():
+                if c not in self.counter:
+                    self._write(c, v)
+            mine = self.waiting.setdefault(req.replica, set())
+            if req.full:
+                rems = sorted(mine - set(req.add) - set(req.keep))
+            else:
+                rems = req.remove
+            for c in rems:
+                if c in mine:
+                    mine.discard(c)
+                    self._leave(c)
+            for c in req.keep:
+                if c not in mine:
+                    mine.add(c)
+                    if self._join(c):
+                        self._write(c, self.counter.get(c, 0.0))
+            f = self._floor()
+            for c in req.add:
+                if c not in mine:
+                    mine.add(c)
+                    if self._join(c):
+                        g = self.counter.get(c, 0.0)
+                        if f is not None and f > g:
+                            g = f
+                        self._write(c, g)
+        return SyncReply("ok", self.epoch, self._floor(), [self.counter.get(c) for c in req.pull])
 
     def counters(self) -> dict[Client, float]:
         """Every tenant's global counter."""
@@ -437,7 +630,10 @@ class LocalStore:
 # --------------------------------------------------------------------------- the synchronizer
 @dataclass
 class SyncStats:
-    """What a :class:`SharedCounters` did: syncs, round trips, failures, degraded state."""
+    """What a :class:`SharedCounters` did: syncs, round trips, failures, degraded state.
+
+    ``skipped``: pulled values that were no counter (left unused).
+    """
 
     syncs: int = 0
     round_trips: int = 0
@@ -446,16 +642,8 @@ class SyncStats:
     full_syncs: int = 0
     pushed_tenants: int = 0
     pulled_tenants: int = 0
+    skipped: int = 0
     last_error: str | None = None
-
-
-_STORE_ERRORS: tuple[type[BaseException], ...] = (OSError,)
-try:  # redis-py is only needed when a RedisStore is used
-    from redis.exceptions import RedisError
-
-    _STORE_ERRORS = (OSError, RedisError)
-except ImportError:  # pragma: no cover - exercised only without redis-py
-    pass
 
 
 class SharedCounters:
@@ -467,8 +655,15 @@ class SharedCounters:
     considered dead and its waiting tenants leave the global backlog.
     ``retry_ms``: after a failure the store is not tried again for that long
     (the scheduler runs as a local VTC meanwhile).  ``replica_id`` names this
-    replica incarnation; it must be unique per process lifetime (the default
-    is host-pid-random), because the store keeps per-incarnation totals.
+    replica; it must be unique among live replicas (the default is
+    host-pid-random). A restarted replica may keep its id: the store tells
+    incarnations apart.
+
+    One object serves one scheduler, attached at the first call that passes
+    it (or :meth:`attach`): the service that scheduler already holds then (a
+    scheduler restored from a snapshot) counts as already in the store, so
+    a restart never counts it twice. Service charged since then is pushed as
+    it accrues, exactly once, also across :meth:`forget_idle`.
     """
 
     def __init__(
@@ -482,6 +677,8 @@ class SharedCounters:
         retry_ms: float = 1000.0,
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if isinstance(sync_interval, bool) or not isinstance(sync_interval, int):
+            raise TypeError(f"sync_interval must be an int, got {sync_interval!r}")
         if sync_interval < 1:
             raise ValueError(f"sync_interval must be >= 1, got {sync_interval}")
         self.store = store
@@ -495,19 +692,87 @@ class SharedCounters:
         self.stats = SyncStats()
         self.degraded = False
         self.floor: float | None = None
-        self._candidate = uuid.uuid4().hex
-        self._epoch = ""
+        self._incarnation = uuid.uuid4().hex
+        self._epoch: str | bytes = ""
         self._full = True
-        self._acked_svc: dict[str, float] = {}
+        self._seq = 0
+        self._acked_seq = 0
+        self._scheduler: SchedulerLike | None = None
+        self._seen: dict[Client, float] = {}  # the scheduler's service() when last folded
+        self._unacked: dict[str, float] = {}  # service folded since the last acknowledged sync
         self._acked_wait: set[str] = set()
+        self._continuous: set[str] = set()  # waiting here in every look since that sync
         self._retry_at: float | None = None
         self._steps = 0
         self._last_sync = self.clock()
         self._queues: dict[Client, deque[int]] = {}
         self._lock = threading.Lock()  # tracking (submit thread) vs sync (engine/background)
-        self._sync_lock = threading.Lock()
+        self._sync_lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._loop_error_logged = False
+
+    # -- the scheduler it serves ------------------------------------------------------------
+    def attach(self, scheduler: SchedulerLike) -> None:
+        """Serve ``scheduler``: what it was charged so far counts as already in the store.
+
+        Called by the first method that is passed a scheduler; idempotent.
+        Raises ``ValueError`` for a second, different scheduler.
+        """
+        if self._scheduler is scheduler:
+            return
+        with self._sync_lock:
+            if self._scheduler is None:
+                self._seen = dict(scheduler.services())
+                self._scheduler = scheduler
+            elif self._scheduler is not scheduler:
+                raise ValueError(
+                    "this SharedCounters already serves another scheduler; "
+                    "use one SharedCounters per scheduler"
+                )
+
+    def _fold(self, scheduler: SchedulerLike) -> dict[Client, float]:
+        """Move the service charged since the last fold into the unacknowledged amounts.
+
+        A tenant's ``service()`` only grows, except when the scheduler forgot it:
+        a smaller value then is all new (:meth:`forget_idle` folds first, so no
+        service is lost even when the new value has grown past the old one).
+        Returns the services read.
+        """
+        snap = scheduler.services()
+        seen, unacked = self._seen, self._unacked
+        for c, v in snap.items():
+            d = v - seen.get(c, 0.0)
+            if d < 0:
+                d = v
+            if d > 0:
+                k = encode(c)
+                unacked[k] = unacked.get(k, 0.0) + d
+        self._seen = dict(snap)
+        return snap
+
+    def unsynced(self, scheduler: SchedulerLike, client: Client) -> float:
+        """Service of ``client`` charged here that the store has not acknowledged."""
+        with self._sync_lock:
+            self.attach(scheduler)
+            local = scheduler.service(client) - self._seen.get(client, 0.0)
+            return self._unacked.get(encode(client), 0.0) + max(local, 0.0)
+
+    def forget_idle(self, scheduler: SchedulerLike) -> int:
+        """``scheduler.forget_idle()`` without losing service the store has not seen yet.
+
+        Integrations call this instead of the scheduler's own: it folds the
+        service charged so far first, so a tenant forgotten and served again
+        is counted in full.
+        """
+        with self._sync_lock:
+            self.attach(scheduler)
+            self._fold(scheduler)
+            n = scheduler.forget_idle()
+            if n:
+                live = scheduler.services()
+                self._seen = {c: v for c, v in self._seen.items() if c in live}
+            return n
 
     # -- request tracking and the pre-submit lift ---------------------------------------------
     def track(self, request_id: int, client: Client) -> None:
@@ -521,6 +786,7 @@ class SharedCounters:
         This is the global form of VTC's lift, applied before the local one
         (which only sees this replica's backlog).  It costs no I/O.
         """
+        self.attach(scheduler)
         if self.floor is None:
             return
         with self._lock:
@@ -581,26 +847,33 @@ class SharedCounters:
         """One push + pull round trip now (two if the store asks for a full resync).
 
         ``waiting`` overrides the tracked waiting set (an engine that knows its
-        queues can pass the tenants it has waiting).  On a store error the
-        scheduler is left as it is (a local VTC) and ``False`` is returned.
+        queues can pass the tenants it has waiting).  On a store error, or a
+        reply that is not what the store sends, the scheduler is left as it is
+        (a local VTC) and ``False`` is returned: this never raises for
+        anything the store holds or answers.
         """
         with self._sync_lock:
+            self.attach(scheduler)
             now = self.clock()
+            wait = set(waiting) if waiting is not None else self.waiting(scheduler)
+            wait_keys = {encode(c) for c in wait}
+            self._continuous &= wait_keys
             if self._retry_at is not None and now < self._retry_at:
                 return False
-            snap = scheduler.services()
-            wait = set(waiting) if waiting is not None else self.waiting(scheduler)
-            svc = {encode(c): v for c, v in snap.items()}
-            wait_keys = {encode(c) for c in wait}
+            snap = self._fold(scheduler)
             try:
-                reply, pull = self._round_trip(svc, wait_keys)
+                reply, pull = self._round_trip(scheduler, wait_keys)
                 if reply.status == "resync":
                     self.stats.resyncs += 1
                     self._full = True
-                    reply, pull = self._round_trip(svc, wait_keys)
+                    reply, pull = self._round_trip(scheduler, wait_keys)
                 if reply.status != "ok":
                     raise RuntimeError(f"store answered {reply.status!r} to a full sync")
-            except (*_STORE_ERRORS, RuntimeError) as e:
+                if len(reply.counters) != len(pull):
+                    raise RuntimeError(
+                        f"store answered {len(reply.counters)} counters for {len(pull)} pulled"
+                    )
+            except Exception as e:  # noqa: BLE001 - any store fault means: schedule locally
                 self._fail(now, e)
                 return False
             if self.degraded:
@@ -609,34 +882,53 @@ class SharedCounters:
             self._retry_at = None
             self._epoch = reply.epoch
             self._full = False
-            self._acked_svc = svc
+            self._acked_seq = self._seq
+            self._unacked = {}
             self._acked_wait = wait_keys
+            self._continuous = set(wait_keys)
             self.floor = reply.floor
             self.stats.syncs += 1
             for key, g in zip(pull, reply.counters):
+                if g is None:
+                    continue
                 c = decode(key)
-                scheduler.raise_counter(c, g + (scheduler.service(c) - snap.get(c, 0.0)))
+                value = g + (scheduler.service(c) - snap.get(c, 0.0))
+                if not value <= MAX_COUNTER:
+                    self.stats.skipped += 1
+                    continue
+                scheduler.raise_counter(c, value)
             return True
 
-    def _round_trip(self, svc: dict[str, float], wait: set[str]) -> tuple[SyncReply, list[str]]:
+    def _round_trip(self, scheduler: SchedulerLike, wait: set[str]) -> tuple[SyncReply, list[str]]:
+        push = dict(self._unacked)
+        keep: list[str] = []
+        hints: dict[str, float] = {}
         if self._full:
-            push, add, rem = svc, sorted(wait), []
+            keep = sorted(wait & self._continuous)
+            add, rem = sorted(wait - self._continuous), []
+            for k in wait | push.keys():
+                v = scheduler.counter(decode(k))
+                if v > 0:
+                    hints[k] = v
             self.stats.full_syncs += 1
         else:
-            acked = self._acked_svc
-            push = {c: v for c, v in svc.items() if acked.get(c) != v}
             add, rem = sorted(wait - self._acked_wait), sorted(self._acked_wait - wait)
         pull = sorted(wait | push.keys())
+        self._seq += 1
         req = SyncRequest(
             self.replica_id,
             self._epoch,
-            self._candidate,
+            self._incarnation,
+            self._seq,
+            self._acked_seq,
             self._full,
             push,
             add,
             rem,
             pull,
             self.liveness_ms,
+            keep=keep,
+            hints=hints,
         )
         self.stats.round_trips += 1
         self.stats.pushed_tenants += len(push)
@@ -657,16 +949,25 @@ class SharedCounters:
         """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms`` or 50 ms).
 
         The engine thread then never waits on the store at all (the core is
-        thread-safe); do not also call ``on_step``.
+        thread-safe); do not also call ``on_step``. The thread survives any
+        error (logged once, ``degraded`` set) and keeps trying.
         """
         if self._thread is not None:
             raise RuntimeError("already started")
+        self.attach(scheduler)
         period = (interval_ms or self.sync_ms or 50.0) / 1000
         self._stop.clear()
 
         def loop() -> None:
             while not self._stop.wait(period):
-                self.sync(scheduler)
+                try:
+                    self.sync(scheduler)
+                except Exception as e:  # noqa: BLE001 - the thread must outlive any fault
+                    if not self._loop_error_logged:
+                        log.exception("vtc: shared-counter sync failed; retrying")
+                        self._loop_error_logged = True
+                    with self._sync_lock:
+                        self._fail(self.clock(), e)
 
         self._thread = threading.Thread(target=loop, name="vtc-shared-counters", daemon=True)
         self._thread.start()
@@ -905,7 +1206,7 @@ def _staleness(store: Store, reps: Sequence[_Replica], clients: Sequence[Client]
         true = glob.get(key, 0.0)
         for rep in reps:
             assert rep.shared is not None
-            true += rep.s.service(c) - rep.shared._acked_svc.get(key, 0.0)
+            true += rep.shared.unsynced(rep.s, c)
         for rep in reps:
             if rep.waiting[j]:
                 worst = max(worst, true - rep.s.counter(c))

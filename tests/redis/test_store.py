@@ -14,9 +14,22 @@ def store(server, ns: str = "t") -> D.RedisStore:
     return D.RedisStore.from_url(server.url, ns, timeout_ms=2000)
 
 
-def req(rid: str, svc=None, add=(), rem=(), pull=(), full=False, epoch="", live=10**9):
+def req(rid: str, svc=None, add=(), rem=(), pull=(), full=False, epoch="", live=10**9, **kw):
+    """A SyncRequest; ``seq`` (default 1), ``base`` (0), ``inc`` ("e0"), ``keep``, ``hints``."""
     return D.SyncRequest(
-        rid, epoch, "e0", full, dict(svc or {}), list(add), list(rem), list(pull), live
+        rid,
+        epoch,
+        kw.get("inc", "e0"),
+        kw.get("seq", 1),
+        kw.get("base", 0),
+        full,
+        dict(svc or {}),
+        list(add),
+        list(rem),
+        list(pull),
+        live,
+        keep=list(kw.get("keep", ())),
+        hints=dict(kw.get("hints", {})),
     )
 
 
@@ -61,15 +74,24 @@ def test_global_restores_fair_split_per_replica_loses():
     assert abs(share["global"] - 1 / R) < 0.02
 
 
-def test_push_is_idempotent_and_counts_each_replica(redis_server):
+def test_push_counts_each_amount_once_and_each_replica(redis_server):
     st = store(redis_server)
     a = st.sync(req("a", {"i:1": 10.0}, add=["i:1"], pull=["i:1"], full=True))
     assert a.status == "ok" and a.counters == [10.0]
-    again = st.sync(req("a", {"i:1": 10.0}, pull=["i:1"], epoch=a.epoch))
-    assert again.counters == [10.0]  # a replayed cumulative total adds nothing
+    e = a.epoch
+    # a replayed request (same seq) changes nothing
+    assert st.sync(req("a", {"i:1": 10.0}, pull=["i:1"], epoch=e)).counters == [10.0]
+    # its reply was lost: the next requests carry the amounts since base 0 again, and more
+    assert st.sync(req("a", {"i:1": 10.0}, pull=["i:1"], epoch=e, seq=2)).counters == [10.0]
+    assert st.sync(req("a", {"i:1": 15.0}, pull=["i:1"], epoch=e, seq=3)).counters == [15.0]
+    # the reply to seq 3 arrived: amounts start again from there
+    assert st.sync(req("a", {"i:1": 2.0}, pull=["i:1"], epoch=e, seq=4, base=3)).counters == [17.0]
     b = st.sync(req("b", {"i:1": 5.0}, pull=["i:1"], full=True))
-    assert b.counters == [15.0]
-    assert st.counters() == {1: 15.0}
+    assert b.counters == [22.0]
+    # a restarted replica keeping its id is a new incarnation: its seq 1 is not a replay
+    r = st.sync(req("a", {"i:1": 1.0}, pull=["i:1"], full=True, inc="e1"))
+    assert r.counters == [23.0]
+    assert st.counters() == {1: 23.0}
 
 
 def test_lift_to_global_floor_and_leave(redis_server):
@@ -80,7 +102,7 @@ def test_lift_to_global_floor_and_leave(redis_server):
     r = st.sync(req("b", {}, add=["i:3"], pull=["i:3"], full=True))
     assert r.counters == [40.0]
     # tenant 2 leaves replica a; it stays backlogged nowhere else -> out of the floor
-    r = st.sync(req("a", {}, rem=["i:2"], epoch=r.epoch))
+    r = st.sync(req("a", {}, rem=["i:2"], epoch=r.epoch, seq=2))
     assert st.backlog() == {1: 100.0, 3: 40.0}
     # a replica that sends a diff under a stale epoch is told to resync
     assert st.sync(req("a", {}, epoch="stale")).status == "resync"
@@ -133,3 +155,59 @@ def test_from_env():
     )
     assert shared is not None and shared.sync_interval == 7
     assert shared.store.prefix == "vtc:{x}:"
+
+
+def test_twin_answers_every_request_as_the_script_does(redis_server):
+    """Random syncs of three replicas (diffs, full syncs with keeps and hints, lost replies,
+    replays, new incarnations, data loss): LocalStore and the Lua script agree exactly."""
+    import random
+
+    rng = random.Random(7)
+    red, twin = store(redis_server, "twin"), D.LocalStore()
+    tenants = [f"i:{k}" for k in range(6)]
+    state = {r: {"inc": f"{r}0", "seq": 0, "base": 0, "since": {}, "epoch": ""} for r in "abc"}
+    last: dict[str, D.SyncRequest] = {}
+    for step in range(400):
+        r = rng.choice("abc")
+        st = state[r]
+        if rng.random() < 0.03:  # a restart: a new incarnation with the same id
+            st.update(inc=f"{r}{step}", seq=0, base=0, since={})
+        if r in last and rng.random() < 0.05:
+            q = last[r]  # a duplicated request
+        else:
+            for c in rng.sample(tenants, rng.randint(0, 3)):
+                st["since"][c] = st["since"].get(c, 0.0) + rng.choice([0.5, 1.0, 7.25, 100.0])
+            st["seq"] += 1
+            full = rng.random() < 0.2
+            waiting = rng.sample(tenants, rng.randint(0, 4))
+            keep = [c for c in waiting if rng.random() < 0.5] if full else []
+            add = [c for c in waiting if c not in keep]
+            rem = [c for c in tenants if c not in waiting and rng.random() < 0.3]
+            hints = {c: rng.choice([3.0, 50.0, 1e4]) for c in keep if rng.random() < 0.5}
+            q = D.SyncRequest(
+                r,
+                st["epoch"],
+                st["inc"],
+                st["seq"],
+                st["base"],
+                full,
+                dict(st["since"]),
+                add,
+                [] if full else rem,
+                sorted(set(tenants[:3]) | set(waiting)),
+                10**9,
+                keep=keep,
+                hints=hints,
+            )
+            last[r] = q
+        a, b = red.sync(q), twin.sync(q)
+        ea = a.epoch.decode() if isinstance(a.epoch, bytes) else a.epoch
+        assert (a.status, ea, a.floor, a.counters) == (b.status, b.epoch, b.floor, b.counters), step
+        assert red.counters() == twin.counters() and red.backlog() == twin.backlog(), step
+        if a.status == "ok":
+            st["epoch"] = ea
+            if rng.random() < 0.8:  # the reply arrived: the next amounts start from here
+                st["base"], st["since"] = q.seq, {}
+        if rng.random() < 0.01:  # the store loses everything
+            redis_server.client().flushall()
+            twin = D.LocalStore()
