@@ -10,6 +10,7 @@ def state(s, rids=(), tokens: bool = True) -> dict:
         "counters": s.counters(),
         "services": s.services() if hasattr(s, "services") else None,
         "tokens": s.tokens() if tokens and hasattr(s, "tokens") else None,
+        "active": s.active_clients() if hasattr(s, "active_clients") else None,
         "weights": {c: s.weight(c) for c in s.clients()},
         "occupancy": s.occupancy,
         "num_waiting": s.num_waiting,

@@ -3,7 +3,8 @@
 Thousands of random operation sequences go through both; after every
 operation the outcome (result or exception type) and every observable piece
 of state must be identical: admissions, counters, services, occupancy,
-queues, running order, credits and token tallies.
+queues, running order, credits, token tallies and each active client's
+(waiting, running) counts.
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
         assert all(x == y for x, y in credits), f"seed {seed} op {i}: credits {credits}"
         tallies = [(fast.client_tokens(c), ref.client_tokens(c)) for c in CLIENTS]
         assert all(x == y for x, y in tallies), f"seed {seed} op {i}: tokens {tallies}"
+        active = (fast.active_clients(), ref.active_clients())  # also in state()
+        assert active[0] == active[1], f"seed {seed} op {i}: active_clients {active}"
+        assert sum(r for _, r in active[0].values()) == fast.num_running
         fast._check_invariants()
     return len(known)
 

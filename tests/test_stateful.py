@@ -1,7 +1,8 @@
 """A hypothesis state machine over the Python object: after every operation,
 no request is lost or duplicated, counters never decrease, occupancy stays
 within M, and every client's token tally is what a model of the charges
-counts (the engine-mode calls that hand memory to the engine are left out
+counts, and every client's (waiting, running) counts are what the model of
+the requests gives (the engine-mode calls that hand memory to the engine are left out
 here; the fuzz target covers them)."""
 
 from __future__ import annotations
@@ -151,6 +152,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         tokens = self.s.tokens()
         assert tokens == {c: self.tally.get(c, (0, 0)) for c in self.s.counters()}
         assert all(self.s.client_tokens(c) == t for c, t in tokens.items())
+
+    @invariant()
+    def active_clients_count_the_requests_of_each_client(self):
+        want: dict = {}
+        for rid, where in self.model.items():
+            w, r = want.get(self.computed[rid][0], (0, 0))
+            want[self.computed[rid][0]] = (w, r + 1) if where == "running" else (w + 1, r)
+        active = self.s.active_clients()
+        assert active == want  # set aside counts as waiting; idle clients are absent
+        assert set(active) <= set(self.s.counters())
+        aside = sum(v == "aside" for v in self.model.values())
+        assert sum(w for w, _ in active.values()) == self.s.num_waiting + aside
+        assert sum(r for _, r in active.values()) == self.s.num_running
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase

@@ -138,11 +138,13 @@ class EngineMachine(RuleBasedStateMachine):
         fast, ref = self.pair
         assert state(fast, self.rids[-6:]) == state(ref, self.rids[-6:])
         assert fast.tokens() == ref.tokens()  # also in state(); said here as well
+        assert fast.active_clients() == ref.active_clients()  # likewise
         counters = fast.counters()
         assert all(math.isfinite(v) for v in counters.values())
         restored = vtc.Scheduler.from_snapshot(fast.snapshot())
         assert restored.counters() == counters
         assert restored.tokens() == {c: (0, 0) for c in counters}  # tallies are not kept
+        assert restored.active_clients() == {}  # requests are not kept
         fast._check_invariants()
 
 

@@ -206,6 +206,23 @@ class Scheduler:
     def tokens(self) -> dict[ClientKey, tuple[int, int]]:
         """Every client's ``client_tokens``: ``(prompt, decode)``, the same keys as
         ``counters()``. One call for a metrics refresh."""
+    def active_clients(self) -> dict[ClientKey, tuple[int, int]]:
+        """Every client with live requests: ``(waiting, running)``, its request counts.
+
+        ``waiting`` includes the requests taken by ``set_aside`` and not yet put back
+        or cancelled (between a pop and a put back within one engine step they are
+        still waiting); ``running``: admitted and not yet finished, cancelled or
+        preempted. A client with neither is absent: one that finished everything
+        drops out at once, though ``counters()`` keeps it until ``forget_idle``.
+
+        The waiting counts sum to ``num_waiting`` plus the set-aside requests, the
+        running ones to ``num_running``; each pair is what counting the client's
+        requests by ``status`` gives (``"aside"`` as waiting). Read from counts the
+        core keeps per client (O(clients), no per-request work) under the scheduler's
+        lock, so a call from another thread (metrics, a shared-counter sync) while
+        the engine thread schedules sees a consistent state. Keys as in
+        ``tokens()``.
+        """
     def clients(self) -> list[ClientKey]:
         """Every client the scheduler knows (not forgotten), by internal id."""
     def submit(

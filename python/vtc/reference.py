@@ -111,6 +111,10 @@ cached_len`` at a request's first admission (never at a re-admission after a
 preemption); ``decode`` by ``T`` of every charge, the tokens of each decode
 call beyond the prediction, and by the predicted tokens charged at first
 admission.  Both only grow, saturating at ``2**64 - 1``.
+
+Active clients (``active_clients()``): every client with a live request,
+``(waiting, running)``, counted here from the requests themselves (the core
+reads counts it keeps per client); a request set aside counts as waiting.
 """
 
 from __future__ import annotations
@@ -795,6 +799,13 @@ class Scheduler:
     def client_tokens(self, client) -> tuple[int, int]:
         c = self._clients.get(_check_client(client))
         return (c.prompt_tokens, c.decode_tokens) if c else (0, 0)
+
+    def active_clients(self) -> dict:
+        counts: dict = {}
+        for r in self._requests.values():
+            waiting, running = counts.get(r.client, (0, 0))
+            counts[r.client] = (waiting, running + 1) if r.running else (waiting + 1, running)
+        return {k: counts[k] for k in self._clients if k in counts}
 
     def credit(self, client) -> float:
         c = self._clients.get(_check_client(client))

@@ -105,6 +105,12 @@ impl Client {
     pub fn num_running(&self) -> usize {
         self.n_running
     }
+    /// Requests of this client set aside (`Scheduler::set_aside`), not yet
+    /// put back; `Scheduler::active_clients` counts them as waiting.
+    #[inline]
+    pub fn num_aside(&self) -> usize {
+        self.n_aside
+    }
     /// KV tokens held by this client's running requests.
     #[inline]
     pub fn occupancy(&self) -> u128 {

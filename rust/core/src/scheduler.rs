@@ -401,6 +401,29 @@ impl Scheduler {
         self.client(c).map(|c| (c.prompt_tokens, c.decode_tokens))
     }
 
+    /// Every client with live requests, in id order, with `(waiting,
+    /// running)`: `waiting` counts its queued requests and those set aside
+    /// (taken out by [`set_aside`](Self::set_aside), not yet put back or
+    /// cancelled: they are still the client's, between a pop and a put back
+    /// within one engine step), `running` its admitted ones. A client with
+    /// neither is absent (a forgotten one always is).
+    ///
+    /// Invariant (checked by [`check_invariants`](Self::check_invariants)):
+    /// a client is listed iff it has a live request; the waiting counts sum
+    /// to [`num_waiting`](Self::num_waiting) plus the set-aside requests,
+    /// the running counts to [`num_running`](Self::num_running); each pair
+    /// is what counting the client's requests by [`status`](Self::status)
+    /// gives (`Waiting` and `Aside` as waiting, `Running` as running). Read
+    /// from counts the client record keeps: O(clients), no allocation and no
+    /// per-request work.
+    pub fn active_clients(&self) -> impl Iterator<Item = (ClientId, (usize, usize))> + '_ {
+        self.clients.iter().enumerate().filter_map(|(i, cl)| {
+            let waiting = cl.n_waiting + cl.n_aside;
+            (cl.live && waiting + cl.n_running > 0)
+                .then_some((ClientId(i as u32), (waiting, cl.n_running)))
+        })
+    }
+
     pub fn status(&self, rid: u64) -> Option<RequestState> {
         self.index
             .get(&rid)
@@ -1550,6 +1573,30 @@ impl Scheduler {
         }
         if waiting != self.num_waiting {
             return Err(format!("num_waiting {} != {waiting}", self.num_waiting));
+        }
+        // active_clients: the per-client counts it reads, summed, are the
+        // queues, the set-aside requests and the running list.
+        let (mut w, mut r, mut n) = (0usize, 0usize, 0usize);
+        for (c, (cw, cr)) in self.active_clients() {
+            if !self.clients[c.0 as usize].live || cw + cr == 0 {
+                return Err(format!("active_clients lists idle client {}", c.0));
+            }
+            (w, r, n) = (w + cw, r + cr, n + 1);
+        }
+        let with_requests = self
+            .clients
+            .iter()
+            .enumerate()
+            .filter(|&(i, cl)| cl.live && (cl.n_waiting > 0 || running[i] > 0 || aside[i] > 0))
+            .count();
+        let aside_total: usize = aside.iter().sum();
+        if w != self.num_waiting + aside_total || r != self.running.len() || n != with_requests {
+            return Err(format!(
+                "active_clients: waiting {w}, running {r} over {n} clients, but {} waiting, \
+                 {aside_total} set aside, {} running over {with_requests} clients",
+                self.num_waiting,
+                self.running.len()
+            ));
         }
         let live = self
             .requests

@@ -3,7 +3,8 @@
 //! running batch (`decode` with one count for all or one per request, and the
 //! capacity-checked `decode_step`) allocates nothing, for every cost function
 //! and in the bulk re-key path (a decode that touches most backlogged clients)
-//! as well as the per-client one.
+//! as well as the per-client one. Reading `active_clients` allocates nothing
+//! either.
 //!
 //! The counter is per thread (tests run in parallel threads of this binary),
 //! kept in a `const`-initialised thread local so that reading it never
@@ -128,6 +129,23 @@ fn capacity_checked_decode_step_allocates_nothing_without_preemption() {
             assert!(preempted.is_empty());
         }
     }
+}
+
+#[test]
+fn active_clients_allocates_nothing() {
+    // Read from the per-client counts: no allocation, whatever the number of
+    // requests (waiting, running and set aside).
+    let (mut s, _) = loaded(Cost::Linear { wp: 1.0, wq: 2.0 }, 500, 8, 200_000);
+    assert!(s.set_aside().is_some() && s.set_aside().is_some());
+    let mut sums = (0, 0, 0);
+    let n = allocations_in(|| {
+        for (_, (w, r)) in s.active_clients() {
+            sums = (sums.0 + 1, sums.1 + w, sums.2 + r);
+        }
+    });
+    assert_eq!(n, 0, "{n} allocations");
+    assert_eq!(sums, (500, s.num_waiting() + 2, s.num_running()));
+    s.check_invariants().unwrap();
 }
 
 #[test]

@@ -1498,6 +1498,22 @@ impl PyScheduler {
         self.per_client(py, |c| (c.prompt_tokens(), c.decode_tokens()))
     }
 
+    /// Every client with live requests, `(waiting, running)`, set-aside
+    /// requests counted as waiting (the keys as in `tokens`). See `vtc/_core.pyi`.
+    fn active_clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let values: Vec<(Key, (usize, usize))> = {
+            let g = self.lock(py)?;
+            g.core
+                .active_clients()
+                .map(|(c, counts)| {
+                    let key = g.keys[c.0 as usize].as_ref();
+                    (key.expect("interned client has a key").clone(), counts)
+                })
+                .collect()
+        };
+        key_dict(py, values)
+    }
+
     /// Forget idle clients whose state can no longer influence a decision;
     /// returns how many were forgotten.
     fn forget_idle(&self, py: Python<'_>) -> Result<usize> {
@@ -1651,12 +1667,20 @@ impl PyScheduler {
                 })
                 .collect()
         };
-        let d = PyDict::new(py);
-        for (k, v) in values {
-            d.set_item(key_to_py(py, &k)?, v)?;
-        }
-        Ok(d)
+        key_dict(py, values)
     }
+}
+
+/// A dict of client key -> value, built after the lock is released.
+fn key_dict<'py, V: IntoPyObject<'py>>(
+    py: Python<'py>,
+    values: Vec<(Key, V)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in values {
+        d.set_item(key_to_py(py, &k)?, v)?;
+    }
+    Ok(d)
 }
 
 #[pymodule(gil_used = false)]
