@@ -237,7 +237,11 @@ fn random_operations_list_what_counting_the_statuses_gives() {
                 }
             }
             let got = active(&s);
-            assert_eq!(got, want.into_iter().collect::<Active>(), "seed {seed} op {rid}");
+            assert_eq!(
+                got,
+                want.into_iter().collect::<Active>(),
+                "seed {seed} op {rid}"
+            );
             saw[0] |= got.iter().any(|&(_, (w, r))| w > 0 && r > 0);
             let running: usize = got.iter().map(|&(_, (_, r))| r).sum();
             assert_eq!(running, s.num_running());
