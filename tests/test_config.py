@@ -194,3 +194,148 @@ def test_the_first_field_that_names_a_tenant_decides():
 
 def test_the_module_imports_without_an_engine():
     assert "vllm" not in sys.modules and "sglang" not in sys.modules
+
+
+# -- shared counters (VTC_REDIS_*, VTC_SYNC_*, VTC_REPLICA_ID) -------------------------------
+
+
+def test_shared_counters_are_off_without_a_url():
+    assert C.shared_counter_settings({}) is None
+    assert C.shared_counter_settings({"VTC_REDIS_URL": "  ", "VTC_SYNC_INTERVAL": "5"}) is None
+
+
+def test_shared_counter_defaults_and_every_variable():
+    url = "redis://10.0.0.5:6379/0"
+    assert C.shared_counter_settings({"VTC_REDIS_URL": url}) == C.SharedCounterSettings(
+        url=url, namespace="default", sync_interval=10, sync_ms=None, replica_id=None,
+        timeout_ms=100.0,
+    )  # fmt: skip
+    env = {
+        "VTC_REDIS_URL": " rediss://user:pw@redis.example:6380/2 ",
+        "VTC_REDIS_NAMESPACE": " prod ",
+        "VTC_SYNC_INTERVAL": " 4 ",
+        "VTC_SYNC_MS": "25.5",
+        "VTC_REPLICA_ID": " r-1 ",
+        "VTC_REDIS_TIMEOUT_MS": "250",
+    }
+    assert set(env) == set(C.SHARED_VARIABLES)
+    assert C.shared_counter_settings(env) == C.SharedCounterSettings(
+        url="rediss://user:pw@redis.example:6380/2", namespace="prod", sync_interval=4,
+        sync_ms=25.5, replica_id="r-1", timeout_ms=250.0,
+    )  # fmt: skip
+    blank = {name: " " for name in C.SHARED_VARIABLES}
+    assert C.shared_counter_settings({**blank, "VTC_REDIS_URL": "unix:///run/r.sock"}) == (
+        C.SharedCounterSettings(url="unix:///run/r.sock")
+    )
+
+
+BAD_SHARED = [
+    ({"VTC_REDIS_URL": "10.0.0.5:6379"}, "VTC_REDIS_URL='10.0.0.5:6379' has no scheme"),
+    ({"VTC_REDIS_URL": "http://h:6379"}, r"VTC_REDIS_URL='http://h:6379' has scheme 'http'.*redis://"),
+    ({"VTC_REDIS_URL": "redis://h:port/0"}, "VTC_REDIS_URL='redis://h:port/0' is not a URL"),
+    ({"VTC_REDIS_URL": "unix://"}, "VTC_REDIS_URL='unix://' names no socket path"),
+    ({"VTC_REDIS_NAMESPACE": "a}b"}, r"VTC_REDIS_NAMESPACE='a}b' holds '\{' or '\}'"),
+    ({"VTC_SYNC_INTERVAL": "abc"}, "VTC_SYNC_INTERVAL='abc' is not an integer; expected an int"),
+    ({"VTC_SYNC_INTERVAL": "2.5"}, "VTC_SYNC_INTERVAL='2.5' is not an integer"),
+    ({"VTC_SYNC_INTERVAL": "0"}, "VTC_SYNC_INTERVAL='0' is out of range; expected an integer >= 1"),
+    ({"VTC_SYNC_MS": "fast"}, "VTC_SYNC_MS='fast' is not a number; expected a finite number > 0"),
+    ({"VTC_SYNC_MS": "0"}, "VTC_SYNC_MS='0' is out of range; expected a finite number > 0"),
+    ({"VTC_SYNC_MS": "inf"}, "VTC_SYNC_MS='inf' is out of range"),
+    ({"VTC_REDIS_TIMEOUT_MS": "-5"}, "VTC_REDIS_TIMEOUT_MS='-5' is out of range"),
+    ({"VTC_REDIS_TIMEOUT_MS": "nan"}, "VTC_REDIS_TIMEOUT_MS='nan' is out of range"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("with_url", [True, False])
+@pytest.mark.parametrize("env, message", BAD_SHARED)
+def test_a_malformed_shared_counter_variable_names_itself(env, message, with_url):
+    """Refused with or without a URL: a bad value is not ignored until the URL is added."""
+    if with_url and "VTC_REDIS_URL" not in env:
+        env = {**env, "VTC_REDIS_URL": "redis://localhost:6379/0"}
+    with pytest.raises(ConfigError, match=message):
+        C.shared_counter_settings(env)
+    with pytest.raises(ConfigError, match=message):
+        C.check_env(env)
+
+
+def test_check_env_validates_both_sets_and_returns_the_engine_config():
+    assert C.check_env({"VTC_WQ": "3", "VTC_SYNC_INTERVAL": "2"}) == EngineConfig(wq=3.0)
+    with pytest.raises(ConfigError, match="VTC_WP='abc'"):
+        C.check_env({"VTC_WP": "abc", "VTC_SYNC_INTERVAL": "2"})
+
+
+def test_shared_counter_settings_read_os_environ(monkeypatch):
+    monkeypatch.setenv("VTC_REDIS_URL", "redis://r:1/0")
+    monkeypatch.setenv("VTC_SYNC_INTERVAL", "3")
+    expected = C.SharedCounterSettings(url="redis://r:1/0", sync_interval=3)
+    assert C.shared_counter_settings() == expected
+
+
+# -- the vLLM start-up plugin (vtc.vllm_plugin, entry point vllm.general_plugins) ----------
+
+
+def _vtc_free_environ(monkeypatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("VTC_"):
+            monkeypatch.delenv(name)
+
+
+def test_the_plugin_does_nothing_without_vtc_variables(monkeypatch, tmp_path: Path):
+    from vtc import vllm_plugin
+
+    _vtc_free_environ(monkeypatch)
+    calls = []
+    monkeypatch.setattr(C, "check_env", lambda env=None: calls.append(env))
+    assert vllm_plugin.validate() is None
+    assert vllm_plugin.validate({"HOME": "/root", "VLLM_X": "abc", "XVTC_WP": "abc"}) is None
+    assert calls == []  # nothing was read: a server without VTC is not affected
+    monkeypatch.setenv("VTC_WP", "2")
+    vllm_plugin.validate()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"VTC_WP": "abc"}, "VTC_WP='abc' is not a number"),
+        ({"VTC_WEIGHTS": "gold=2;free=1"}, "VTC_WEIGHTS entry 'gold=2;free=1'"),
+        ({"VTC_TENANT_KEY": "org", "VTC_SYNC_MS": "x"}, "VTC_SYNC_MS='x' is not a number"),
+        ({"VTC_REDIS_URL": "localhost"}, "VTC_REDIS_URL='localhost' has no scheme"),
+    ],
+)
+def test_the_plugin_refuses_a_malformed_variable(monkeypatch, env, message):
+    from vtc import vllm_plugin
+
+    _vtc_free_environ(monkeypatch)
+    with pytest.raises(ConfigError, match=message):
+        vllm_plugin.validate(env)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        vllm_plugin.validate()  # os.environ, as vLLM calls it
+
+
+def test_the_plugin_accepts_a_good_configuration_and_a_blank_one(monkeypatch):
+    from vtc import vllm_plugin
+
+    _vtc_free_environ(monkeypatch)
+    assert vllm_plugin.validate({"VTC_WP": "", "VTC_E2E_SERVER_ARGS": "--x"}) is None
+    good = {"VTC_WEIGHTS": "gold=2", "VTC_REDIS_URL": "redis://r:6379/0", "VTC_SYNC_MS": "50"}
+    assert vllm_plugin.validate(good) is None
+
+
+def test_the_plugin_is_declared_as_a_vllm_general_plugin():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    entry_points = project["project"]["entry-points"]
+    assert entry_points["vllm.general_plugins"] == {"vtc": "vtc.vllm_plugin:validate"}
+
+
+def test_the_plugin_imports_neither_vllm_nor_torch():
+    import subprocess
+
+    probe = "import sys, vtc.vllm_plugin; print(sorted({'vllm', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -30,7 +30,22 @@ variable               meaning (default)
 =====================  ==========================================================
 
 Weights are checked by the core's own rule (a finite number in [1e-6, 1e6]).
-Shared counters (``VTC_REDIS_*``) are read by :func:`vtc.distributed.from_env`.
+Shared counters across replicas (:mod:`vtc.distributed`) are configured by
+:data:`SHARED_VARIABLES`, parsed by :func:`shared_counter_settings` by the same rule:
+
+=========================  =====================================================
+``VTC_REDIS_URL``          ``redis://``, ``rediss://`` or ``unix://`` URL of the
+                           shared store (none: one replica, nothing shared)
+``VTC_REDIS_NAMESPACE``    key namespace, without ``{`` or ``}`` (``default``)
+``VTC_SYNC_INTERVAL``      engine steps between syncs, an integer >= 1 (10)
+``VTC_SYNC_MS``            also sync after this many milliseconds, > 0 (none)
+``VTC_REPLICA_ID``         this replica's name, unique per process (host-pid-random)
+``VTC_REDIS_TIMEOUT_MS``   socket timeouts in milliseconds, > 0 (100)
+=========================  =====================================================
+
+:func:`check_env` validates all of them at once; the engines call it at start-up,
+before the model loads (vLLM through the ``vllm.general_plugins`` entry point
+:func:`vtc.vllm_plugin.validate`, SGLang in :func:`vtc.sglang.register`).
 
 Tenancy, the same in both engines: a tenant is named by a non-empty ``str`` of
 at most :data:`MAX_TENANT_LEN` characters, or by an ``int`` (never a ``bool``),
@@ -57,11 +72,16 @@ __all__ = [
     "DEFAULT_TENANT",
     "DEFAULT_TENANT_KEY",
     "MAX_TENANT_LEN",
+    "SHARED_VARIABLES",
     "VARIABLES",
     "ConfigError",
     "EngineConfig",
+    "SharedCounterSettings",
+    "check_env",
+    "configured",
     "first_tenant",
     "parse_weights",
+    "shared_counter_settings",
     "tenant_name",
 ]
 
@@ -85,6 +105,19 @@ VARIABLES = (
     "VTC_METRICS_MAX_TENANTS",
     "VTC_METRICS_INTERVAL",
 )
+
+#: Every variable :func:`shared_counter_settings` reads (:mod:`vtc.distributed`).
+SHARED_VARIABLES = (
+    "VTC_REDIS_URL",
+    "VTC_REDIS_NAMESPACE",
+    "VTC_SYNC_INTERVAL",
+    "VTC_SYNC_MS",
+    "VTC_REPLICA_ID",
+    "VTC_REDIS_TIMEOUT_MS",
+)
+
+#: URL schemes redis-py's ``Redis.from_url`` accepts.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 #: ``VTC_METRICS`` values, and the mode each one means.
 METRICS_MODES = {
@@ -253,6 +286,21 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _positive(env: Mapping[str, str], name: str) -> float | None:
+    """A finite number > 0, or None when the variable is unset or blank."""
+    text = _text(env, name)
+    if text is None:
+        return None
+    allowed = "a finite number > 0"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number; expected {allowed}") from None
+    if not (math.isfinite(value) and value > 0.0):
+        raise ConfigError(f"{name}={text!r} is out of range; expected {allowed}")
+    return value
+
+
 def _metrics_mode(env: Mapping[str, str]) -> str:
     text = _text(env, "VTC_METRICS")
     if text is None:
@@ -324,3 +372,94 @@ class EngineConfig:
         """The tenant of a request whose tenant fields hold ``values``, in order."""
         name = first_tenant(values)
         return self.default_tenant if name is None else name
+
+
+# -- shared counters (vtc.distributed) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SharedCounterSettings:
+    """Where and how often a replica shares its counters (:data:`SHARED_VARIABLES`)."""
+
+    url: str
+    namespace: str = "default"
+    sync_interval: int = 10
+    sync_ms: float | None = None
+    replica_id: str | None = None  # None: vtc.distributed makes one (host-pid-random)
+    timeout_ms: float = 100.0
+
+
+def _redis_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    allowed = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a malformed port)
+    except ValueError as e:
+        message = f"VTC_REDIS_URL={text!r} is not a URL ({e}); expected {allowed}"
+        raise ConfigError(message) from None
+    if parts.scheme.lower() not in REDIS_SCHEMES:
+        has = f"has scheme {parts.scheme!r}" if parts.scheme else "has no scheme"
+        raise ConfigError(
+            f"VTC_REDIS_URL={text!r} {has}; expected a URL starting with {allowed} "
+            "(e.g. redis://10.0.0.5:6379/0)"
+        )
+    if parts.scheme.lower() == "unix" and not parts.path:
+        raise ConfigError(
+            f"VTC_REDIS_URL={text!r} names no socket path; e.g. unix:///run/redis.sock"
+        )
+    return text
+
+
+def shared_counter_settings(
+    environ: Mapping[str, str] | None = None,
+) -> SharedCounterSettings | None:
+    """Read :data:`SHARED_VARIABLES`: the settings, or None when ``VTC_REDIS_URL`` is
+    unset or blank (one replica, nothing shared).
+
+    Every variable is checked even without a URL, so that a malformed one is not
+    ignored until the URL is added. Raises :class:`ConfigError` for the first
+    malformed one. Does not contact Redis (nor import it).
+    """
+    env = os.environ if environ is None else environ
+    url = _text(env, "VTC_REDIS_URL")
+    if url is not None:
+        url = _redis_url(url)
+    namespace = _text(env, "VTC_REDIS_NAMESPACE") or "default"
+    if "{" in namespace or "}" in namespace:
+        raise ConfigError(
+            f"VTC_REDIS_NAMESPACE={namespace!r} holds '{{' or '}}'; expected a name without "
+            "braces (it is the Redis hash tag of every key: vtc:{NAMESPACE}:...)"
+        )
+    settings = SharedCounterSettings(
+        url=url or "",
+        namespace=namespace,
+        sync_interval=_count(env, "VTC_SYNC_INTERVAL", 10),
+        sync_ms=_positive(env, "VTC_SYNC_MS"),
+        replica_id=_text(env, "VTC_REPLICA_ID"),
+        timeout_ms=_positive(env, "VTC_REDIS_TIMEOUT_MS") or 100.0,
+    )
+    return settings if url is not None else None
+
+
+# -- start-up ------------------------------------------------------------------------------
+
+
+def configured(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether any ``VTC_*`` variable is set (to anything, even blank)."""
+    env = os.environ if environ is None else environ
+    return any(name.startswith("VTC_") for name in env)
+
+
+def check_env(environ: Mapping[str, str] | None = None) -> EngineConfig:
+    """Validate every ``VTC_*`` variable an engine integration reads
+    (:data:`VARIABLES` and :data:`SHARED_VARIABLES`); the engine configuration.
+
+    Raises :class:`ConfigError` (naming the variable, its value and what is
+    allowed) for the first malformed one.
+    """
+    env = os.environ if environ is None else environ
+    config = EngineConfig.from_env(env)
+    shared_counter_settings(env)
+    return config
