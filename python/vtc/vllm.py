@@ -4,8 +4,9 @@ Serve with VTC by naming the scheduler class; nothing else changes::
 
     vllm serve MODEL --scheduler-cls vtc.vllm.VTCScheduler
 
-(``LLM(..., scheduler_cls="vtc.vllm.VTCScheduler")`` offline;
-:class:`AsyncVTCScheduler` is the variant for ``--async-scheduling``;
+(``LLM(..., scheduler_cls="vtc.vllm.VTCScheduler")`` offline; it runs as
+vLLM's ``AsyncScheduler`` under async scheduling and as its ``Scheduler``
+otherwise, so :class:`AsyncVTCScheduler` need not be named;
 :class:`TenantTracingScheduler` is vLLM's stock policy writing the same
 per-tenant trace, to measure before switching.)
 
@@ -266,7 +267,8 @@ class _VTCMixin:
         if len(self.waiting):
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
         self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant, self.vtc_adapter.requests)
-        logger.info("VTC fair scheduling: %s", self.vtc_adapter.describe())
+        mode = "async" if isinstance(self, AsyncScheduler) else "synchronous"
+        logger.info("VTC fair scheduling (%s scheduler): %s", mode, self.vtc_adapter.describe())
 
     def _vtc_tenant(self, request: Request) -> str:
         """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
@@ -305,12 +307,34 @@ class _VTCMixin:
         return self.vtc_tenancy.services()
 
 
+def _async_scheduling(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether the ``VllmConfig`` a scheduler is built with asks for async scheduling."""
+    config = kwargs.get("vllm_config", args[0] if args else None)
+    return bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
+
+
 class VTCScheduler(_VTCMixin, Scheduler):
-    """vLLM's V1 ``Scheduler`` with VTC fair admission across tenants."""
+    """vLLM's V1 scheduler with VTC fair admission across tenants, in either of
+    vLLM's scheduling modes under this one name.
+
+    vLLM builds the ``--scheduler-cls`` class as given (``SchedulerConfig.
+    get_scheduler_cls``), whatever its scheduling mode. So this class picks its
+    own: built with a ``VllmConfig`` whose ``scheduler_config.async_scheduling``
+    is true (``--async-scheduling``, vLLM's default where the executor supports
+    it) it is an :class:`AsyncVTCScheduler`, vLLM's ``AsyncScheduler`` with VTC;
+    otherwise it is vLLM's synchronous ``Scheduler`` with VTC.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> VTCScheduler:
+        if cls is VTCScheduler and _async_scheduling(args, kwargs):
+            cls = AsyncVTCScheduler  # a subclass: Python then runs its __init__
+        return super().__new__(cls)
 
 
-class AsyncVTCScheduler(_VTCMixin, AsyncScheduler):
-    """vLLM's V1 ``AsyncScheduler`` (``--async-scheduling``) with VTC fair admission."""
+class AsyncVTCScheduler(VTCScheduler, AsyncScheduler):
+    """vLLM's V1 ``AsyncScheduler`` with VTC fair admission: what
+    :class:`VTCScheduler` becomes under async scheduling. Kept as a name of its
+    own for configurations that spell it out; always the async variant."""
 
 
 class TenantTracingScheduler(Scheduler):

@@ -442,9 +442,37 @@ def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:
     assert q.entry(c.request_id) is None and core.num_running == 2
 
 
-def test_async_scheduler_charges_every_token_once(model_dir: str) -> None:
+def test_one_class_name_runs_as_vllms_scheduler_of_the_configured_mode(
+    model_dir: str, monkeypatch
+) -> None:
+    """VTCScheduler is vLLM's AsyncScheduler under async scheduling, its Scheduler
+    otherwise; AsyncVTCScheduler, the old name, is always the async one."""
+    sync_config = vllm_config(model_dir)
+    async_config = vllm_config(model_dir, async_scheduling=True)
+    s = make_scheduler(VTCScheduler, sync_config)
+    assert type(s) is VTCScheduler and not isinstance(s, AsyncScheduler)
+    a = make_scheduler(VTCScheduler, async_config)
+    assert type(a) is AsyncVTCScheduler
+    assert isinstance(a, AsyncScheduler) and isinstance(a, VTCScheduler)
+    assert isinstance(a.waiting, VTCRequestQueue) and a.vtc.policy == "vtc"
+    for config in (sync_config, async_config):
+        assert type(make_scheduler(AsyncVTCScheduler, config)) is AsyncVTCScheduler
+    # The class vLLM's engine core builds for --scheduler-cls vtc.vllm.VTCScheduler
+    for config, expected in ((sync_config, VTCScheduler), (async_config, AsyncVTCScheduler)):
+        monkeypatch.setattr(config.scheduler_config, "scheduler_cls", "vtc.vllm.VTCScheduler")
+        cls = config.scheduler_config.get_scheduler_cls()
+        assert cls is VTCScheduler
+        assert type(make_scheduler(cls, config)) is expected
+    # vLLM passes its config by keyword; positionally it is the first argument
+    assert vtc.vllm._async_scheduling((async_config,), {})
+    assert not vtc.vllm._async_scheduling((sync_config,), {})
+
+
+@pytest.mark.parametrize("cls", [VTCScheduler, AsyncVTCScheduler])
+def test_async_scheduler_charges_every_token_once(model_dir: str, cls: type) -> None:
     config = vllm_config(model_dir, max_num_seqs=3, async_scheduling=True)
-    s = make_scheduler(AsyncVTCScheduler, config, num_blocks=12)
+    s = make_scheduler(cls, config, num_blocks=12)
+    assert isinstance(s, AsyncScheduler)
     requests = [make_request(t, 48, 40) for t in ("a", "b", "c", "a")]
     for r in requests:
         s.add_request(r)

@@ -106,12 +106,16 @@ def vllm_config(
     )
     cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=enable_prefix_caching)
     lora_config = LoRAConfig(max_loras=max_loras) if max_loras else None
-    return VllmConfig(
+    config = VllmConfig(
         scheduler_config=scheduler_config,
         model_config=model_config,
         cache_config=cache_config,
         lora_config=lora_config,
     )
+    # vLLM's CPU platform turns async scheduling off (platforms/cpu.py,
+    # check_and_update_config); a GPU keeps what was asked, as here.
+    config.scheduler_config.async_scheduling = async_scheduling
+    return config
 
 
 def make_scheduler(cls: type, config: VllmConfig, num_blocks: int = 1000) -> Any:
