@@ -25,7 +25,14 @@ from typing import Any
 
 from vtc import MAX_BUDGET, Scheduler
 from vtc.adapter import Adapter
-from vtc.config import DEFAULT_TENANT, DEFAULT_TENANT_KEY, EngineConfig, first_tenant
+from vtc.config import (
+    DEFAULT_TENANT,
+    DEFAULT_TENANT_KEY,
+    ConfigError,
+    EngineConfig,
+    check_env,
+    first_tenant,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -334,13 +341,25 @@ def register() -> None:
 
     SGLang's ``load_plugins()`` calls this with no arguments and then applies
     the hooks (``HookRegistry.apply_hooks()``). Idempotent.
+
+    Every ``VTC_*`` variable is validated first (:func:`vtc.config.check_env`);
+    ``Engine.__init__`` loads the plugins before it parses its arguments, long
+    before the model loads. ``load_plugins()`` logs and swallows an ``Exception``
+    from a plugin and serves without it, so a malformed variable raises
+    ``SystemExit`` (the :class:`vtc.config.ConfigError` as its cause), which
+    stops the server with the message naming the variable.
     """
     global _registered
     if _registered:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    state = get_state()  # configuration errors surface here, before any hook exists
+    try:
+        check_env()  # the shared-counter variables too, not only this module's
+        state = get_state()  # before any hook exists
+    except ConfigError as e:
+        logger.error("vtc: %s", e)
+        raise SystemExit(f"vtc: invalid configuration, SGLang stops: {e}") from e
     for target, hook in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _registered = True

@@ -24,7 +24,7 @@ print("HOOKED" if all(hooked) else "PLAIN", vtc.sglang.get_state().tenant_key)
 """
 
 
-def _load_plugins(tmp_path: Path, allow: str) -> str:
+def _run_load_plugins(tmp_path: Path, allow: str, **env_vars: str) -> subprocess.CompletedProcess:
     """Run SGLang's load_plugins() in a fresh interpreter that sees a distribution
     declaring the entry point (the same line pyproject.toml declares)."""
     dist = tmp_path / "vtc_entry_point_probe-0.dist-info"
@@ -32,14 +32,41 @@ def _load_plugins(tmp_path: Path, allow: str) -> str:
     metadata = "Metadata-Version: 2.1\nName: vtc-entry-point-probe\nVersion: 0\n"
     (dist / "METADATA").write_text(metadata)
     (dist / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{ENTRY_POINT}\n")
-    env = dict(os.environ, SGLANG_PLUGINS=allow, VTC_TENANT_KEY="org")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VTC_")}
+    env.update(SGLANG_PLUGINS=allow, VTC_TENANT_KEY="org", **env_vars)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+    return subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def _load_plugins(tmp_path: Path, allow: str) -> str:
+    out = _run_load_plugins(tmp_path, allow)
+    assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(("allow", "expected"), [("vtc", "HOOKED org"), ("other", "PLAIN org")])
 def test_load_plugins_honours_the_allow_list(tmp_path: Path, allow: str, expected: str) -> None:
     assert _load_plugins(tmp_path, allow) == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("VTC_WP", "abc", "VTC_WP='abc' is not a number"),
+        ("VTC_WEIGHTS", "gold=2;free=1", "VTC_WEIGHTS entry 'gold=2;free=1'"),
+        ("VTC_SYNC_INTERVAL", "0", "VTC_SYNC_INTERVAL='0' is out of range"),
+    ],
+)
+def test_a_malformed_variable_stops_sglang_in_load_plugins(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    """load_plugins() swallows an Exception from a plugin (SGLang would serve without
+    VTC); register() raises SystemExit instead: the process stops inside
+    load_plugins(), before the probe's next line, with the variable named."""
+    out = _run_load_plugins(tmp_path, "vtc", **{variable: value})
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "invalid configuration, SGLang stops" in out.stderr
+    assert "HOOKED" not in out.stdout and "PLAIN" not in out.stdout
