@@ -212,7 +212,7 @@ def test_shared_counter_defaults_and_every_variable():
     )  # fmt: skip
     env = {
         "VTC_REDIS_URL": " rediss://user:pw@redis.example:6380/2 ",
-        "VTC_REDIS_NAMESPACE": " prod ",
+        "VTC_REDIS_NAMESPACE": " prod ",  # (256 characters are allowed: below)
         "VTC_SYNC_INTERVAL": " 4 ",
         "VTC_SYNC_MS": "25.5",
         "VTC_REPLICA_ID": " r-1 ",
@@ -223,6 +223,8 @@ def test_shared_counter_defaults_and_every_variable():
         url="rediss://user:pw@redis.example:6380/2", namespace="prod", sync_interval=4,
         sync_ms=25.5, replica_id="r-1", timeout_ms=250.0,
     )  # fmt: skip
+    longest = {"VTC_REDIS_URL": url, "VTC_REDIS_NAMESPACE": "n" * 256}
+    assert C.shared_counter_settings(longest).namespace == "n" * 256
     blank = {name: " " for name in C.SHARED_VARIABLES}
     assert C.shared_counter_settings({**blank, "VTC_REDIS_URL": "unix:///run/r.sock"}) == (
         C.SharedCounterSettings(url="unix:///run/r.sock")
@@ -234,7 +236,9 @@ BAD_SHARED = [
     ({"VTC_REDIS_URL": "http://h:6379"}, r"VTC_REDIS_URL='http://h:6379' has scheme 'http'.*redis://"),
     ({"VTC_REDIS_URL": "redis://h:port/0"}, "VTC_REDIS_URL='redis://h:port/0' is not a URL"),
     ({"VTC_REDIS_URL": "unix://"}, "VTC_REDIS_URL='unix://' names no socket path"),
-    ({"VTC_REDIS_NAMESPACE": "a}b"}, r"VTC_REDIS_NAMESPACE='a}b' holds '\{' or '\}'"),
+    ({"VTC_REDIS_NAMESPACE": "a}b"}, r"NAMESPACE='a}b' is not a namespace.*without '\{' or '\}'"),
+    ({"VTC_REDIS_NAMESPACE": "{x"}, r"VTC_REDIS_NAMESPACE='\{x' is not a namespace"),
+    ({"VTC_REDIS_NAMESPACE": "n" * 257}, "='n{257}' is not a namespace; expected at most 256"),
     ({"VTC_SYNC_INTERVAL": "abc"}, "VTC_SYNC_INTERVAL='abc' is not an integer; expected an int"),
     ({"VTC_SYNC_INTERVAL": "2.5"}, "VTC_SYNC_INTERVAL='2.5' is not an integer"),
     ({"VTC_SYNC_INTERVAL": "0"}, "VTC_SYNC_INTERVAL='0' is out of range; expected an integer >= 1"),

@@ -36,7 +36,8 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
 =========================  =====================================================
 ``VTC_REDIS_URL``          ``redis://``, ``rediss://`` or ``unix://`` URL of the
                            shared store (none: one replica, nothing shared)
-``VTC_REDIS_NAMESPACE``    key namespace, without ``{`` or ``}`` (``default``)
+``VTC_REDIS_NAMESPACE``    key namespace, at most 256 characters without ``{``
+                           or ``}`` (``default``)
 ``VTC_SYNC_INTERVAL``      engine steps between syncs, an integer >= 1 (10)
 ``VTC_SYNC_MS``            also sync after this many milliseconds, > 0 (none)
 ``VTC_REPLICA_ID``         this replica's name, unique per process (host-pid-random)
@@ -115,6 +116,9 @@ SHARED_VARIABLES = (
     "VTC_REPLICA_ID",
     "VTC_REDIS_TIMEOUT_MS",
 )
+
+#: Longest ``VTC_REDIS_NAMESPACE`` (``vtc.distributed.check_namespace``'s rule).
+MAX_NAMESPACE_LEN = 256
 
 #: URL schemes redis-py's ``Redis.from_url`` accepts.
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -427,10 +431,11 @@ def shared_counter_settings(
     if url is not None:
         url = _redis_url(url)
     namespace = _text(env, "VTC_REDIS_NAMESPACE") or "default"
-    if "{" in namespace or "}" in namespace:
+    if "{" in namespace or "}" in namespace or len(namespace) > MAX_NAMESPACE_LEN:
         raise ConfigError(
-            f"VTC_REDIS_NAMESPACE={namespace!r} holds '{{' or '}}'; expected a name without "
-            "braces (it is the Redis hash tag of every key: vtc:{NAMESPACE}:...)"
+            f"VTC_REDIS_NAMESPACE={namespace!r} is not a namespace; expected at most "
+            f"{MAX_NAMESPACE_LEN} characters without '{{' or '}}' (it is the Redis hash tag "
+            "of every key: vtc:{NAMESPACE}:...)"
         )
     settings = SharedCounterSettings(
         url=url or "",
