@@ -16,7 +16,7 @@
 #   3. Only the distributions that `sglang.srt.managers.scheduler` needs to
 #      import, each at SGLang's own pin when it declares one, torch held at
 #      2.13.0 by a constraint.
-#   4. vtc itself, editable (`pip install -e .[metrics]`, built by maturin, with
+#   4. vtc itself, editable (`pip install -e .[metrics,redis]`, built by maturin, with
 #      prometheus_client for its per-tenant metrics), pytest and pytest-timeout
 #      (pyproject sets a `timeout`).
 #
@@ -73,7 +73,7 @@ PYEOF
 "$PY" -m pip install -q --no-warn-conflicts -r "$tmp/requirements.txt" -c "$tmp/constraints.txt"
 
 # 4. vtc (editable) and the test runner, torch still held.
-"$PY" -m pip install -q --no-warn-conflicts -e "$REPO[metrics]" pytest pytest-timeout -c "$tmp/constraints.txt"
+"$PY" -m pip install -q --no-warn-conflicts -e "$REPO[metrics,redis]" pytest pytest-timeout -c "$tmp/constraints.txt"
 
 # The point: SGLang's scheduler and the plugin import on this CPU, beside this torch.
 "$PY" -W ignore - <<'PYEOF'

@@ -217,12 +217,15 @@ def test_shared_counter_defaults_and_every_variable():
         "VTC_SYNC_MS": "25.5",
         "VTC_REPLICA_ID": " r-1 ",
         "VTC_REDIS_TIMEOUT_MS": "250",
+        "VTC_SYNC_MODE": " Step ",
     }
     assert set(env) == set(C.SHARED_VARIABLES)
     assert C.shared_counter_settings(env) == C.SharedCounterSettings(
         url="rediss://user:pw@redis.example:6380/2", namespace="prod", sync_interval=4,
-        sync_ms=25.5, replica_id="r-1", timeout_ms=250.0,
+        sync_ms=25.5, replica_id="r-1", timeout_ms=250.0, mode="step",
     )  # fmt: skip
+    assert C.EngineConfig.from_env(env).shared == C.shared_counter_settings(env)
+    assert C.EngineConfig.from_env({}).shared is None
     longest = {"VTC_REDIS_URL": url, "VTC_REDIS_NAMESPACE": "n" * 256}
     assert C.shared_counter_settings(longest).namespace == "n" * 256
     blank = {name: " " for name in C.SHARED_VARIABLES}
@@ -236,6 +239,7 @@ BAD_SHARED = [
     ({"VTC_REDIS_URL": "http://h:6379"}, r"VTC_REDIS_URL='http://h:6379' has scheme 'http'.*redis://"),
     ({"VTC_REDIS_URL": "redis://h:port/0"}, "VTC_REDIS_URL='redis://h:port/0' is not a URL"),
     ({"VTC_REDIS_URL": "unix://"}, "VTC_REDIS_URL='unix://' names no socket path"),
+    ({"VTC_SYNC_MODE": "often"}, "VTC_SYNC_MODE='often'; expected 'background'"),
     ({"VTC_REDIS_NAMESPACE": "a}b"}, r"NAMESPACE='a}b' is not a namespace.*without '\{' or '\}'"),
     ({"VTC_REDIS_NAMESPACE": "{x"}, r"VTC_REDIS_NAMESPACE='\{x' is not a namespace"),
     ({"VTC_REDIS_NAMESPACE": "n" * 257}, "='n{257}' is not a namespace; expected at most 256"),

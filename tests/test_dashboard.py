@@ -50,4 +50,6 @@ def test_the_dashboard_is_importable_and_queries_only_exported_series():
         "vtc_fairness_jain_index",
         "vtc_tenant_requests",
         "vtc_tenant_preemptions_total",
+        "vtc_sync_seconds_bucket",
+        "vtc_sync_degraded",
     } <= named

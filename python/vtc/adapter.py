@@ -66,6 +66,10 @@ class Observer:
     (once per observer and point) and skipped; scheduling goes on.
     """
 
+    def arriving(self, tenant: str) -> None:
+        """A request of ``tenant`` is about to be submitted to the core (the
+        shared counters lift the tenant to the global floor here)."""
+
     def admitted(self, t: Tracked, prompt_tokens: int) -> None:
         """``t`` was admitted; ``prompt_tokens`` of its prompt were charged (its
         prefix-cache hit excluded; 0 when a preempted request comes back)."""
@@ -328,6 +332,8 @@ class Requests:
         while rid in by_rid:  # taken by a live request: the next free id
             rid = (rid + 1) % (1 << 64)
         n = min(max(int(prompt_len), 1), self._M)
+        if self.observers.wants("arriving"):
+            self.observers.notify("arriving", tenant)
         self.core.submit(rid, tenant, n)
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
@@ -709,6 +715,55 @@ class Adapter:
         if config.metrics == "on":
             self._import_metrics()  # VTC_METRICS=on without prometheus_client: fail now
         self.metrics_decided = False  # enable_metrics was called: a second call returns it
+        #: the shared counters (:class:`vtc.sharing.SharedCounterSync`) once started
+        self.sharing: Any = None
+        self.sharing_decided = False
+
+    def start_sharing(self, *, ranks: int = 1, suffix: str = "") -> Any:
+        """Share the counters through Redis if ``config.shared`` says so (``VTC_REDIS_URL``):
+        the engine calls this once, in the process that schedules, before anything is
+        charged. Returns the :class:`vtc.sharing.SharedCounterSync`, or None.
+
+        ``ranks``: scheduler processes that mirror one another's decisions (SGLang's
+        tensor/pipeline-parallel ranks). Counters pulled at different moments would make
+        them decide differently, so with more than one nothing is shared (logged).
+        ``suffix`` is appended to ``VTC_REPLICA_ID`` (vLLM's data-parallel ranks share one
+        environment, and each is a replica of its own).
+        """
+        if self.sharing_decided:
+            return self.sharing
+        self.sharing_decided = True
+        settings = self.config.shared
+        if settings is None:
+            return None
+        if ranks > 1:
+            self._log.error(
+                "VTC: shared counters (VTC_REDIS_URL) need one scheduler per replica; this "
+                "one runs on %d mirrored ranks, so counters stay local",
+                ranks,
+            )
+            return None
+        from vtc import distributed
+        from vtc.sharing import SharedCounterSync
+
+        replica = f"{settings.replica_id}{suffix}" if settings.replica_id else None
+        shared = distributed.from_settings(settings, replica_id=replica)
+        sync = SharedCounterSync(
+            self.core,
+            shared,
+            background=shared.mode == "background",
+            interval_ms=shared.sync_ms,
+            log=self._log,
+        )
+        self.observers.append(sync)
+        self.sharing = sync
+        self._log.info("VTC: %s", sync.describe())
+        return sync
+
+    def close(self) -> None:
+        """The engine shuts down: a last sync of the shared counters (if any)."""
+        if self.sharing is not None:
+            self.sharing.close()
 
     def arrive(
         self, key: Hashable, request: Any, fields: Iterable[Any], prompt_len: int
@@ -789,10 +844,13 @@ class Adapter:
     def describe(self) -> str:
         """The settings in one line, for the engine's start-up log."""
         c = self.config
-        return (
+        line = (
             f"M={self.core.M} tokens, wp={c.wp:g}, wq={c.wq:g}, "
             f"tenant key {c.tenant_key!r}, weights {dict(c.weights) or 'all 1'}"
         )
+        if self.sharing is not None:
+            line += "; " + self.sharing.describe()
+        return line
 
     def step_done(self) -> None:
         """The engine finished a step: the observers (the trace writes a record

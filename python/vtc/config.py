@@ -40,8 +40,11 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
                            or ``}`` (``default``)
 ``VTC_SYNC_INTERVAL``      engine steps between syncs, an integer >= 1 (10)
 ``VTC_SYNC_MS``            also sync after this many milliseconds, > 0 (none)
-``VTC_REPLICA_ID``         this replica's name, unique per process (host-pid-random)
+``VTC_REPLICA_ID``         this replica's name, unique among live replicas (host-pid-random)
 ``VTC_REDIS_TIMEOUT_MS``   socket timeouts in milliseconds, > 0 (100)
+``VTC_SYNC_MODE``          engines: ``background`` (a thread syncs every
+                           ``VTC_SYNC_MS``, default 50) or ``step`` (on the
+                           engine thread every ``VTC_SYNC_INTERVAL`` steps)
 =========================  =====================================================
 
 :func:`check_env` validates all of them at once; the engines call it at start-up,
@@ -115,6 +118,7 @@ SHARED_VARIABLES = (
     "VTC_SYNC_MS",
     "VTC_REPLICA_ID",
     "VTC_REDIS_TIMEOUT_MS",
+    "VTC_SYNC_MODE",
 )
 
 #: Longest ``VTC_REDIS_NAMESPACE`` (``vtc.distributed.check_namespace``'s rule).
@@ -334,6 +338,9 @@ class EngineConfig:
     metrics: str = "auto"  # "auto" | "on" | "off"
     metrics_max_tenants: int = 100
     metrics_interval: float = 1.0
+    #: shared counters across replicas (:func:`shared_counter_settings`; None: one
+    #: replica, no Redis); the adapter starts them (:mod:`vtc.sharing`)
+    shared: SharedCounterSettings | None = None
 
     def __post_init__(self) -> None:
         if self.metrics not in ("auto", "on", "off"):
@@ -370,6 +377,7 @@ class EngineConfig:
             metrics=_metrics_mode(env),
             metrics_max_tenants=_count(env, "VTC_METRICS_MAX_TENANTS", 100),
             metrics_interval=_number(env, "VTC_METRICS_INTERVAL", 1.0),
+            shared=shared_counter_settings(env),
         )
 
     def tenant(self, values: Iterable[Any]) -> str:
@@ -391,6 +399,7 @@ class SharedCounterSettings:
     sync_ms: float | None = None
     replica_id: str | None = None  # None: vtc.distributed makes one (host-pid-random)
     timeout_ms: float = 100.0
+    mode: str = "background"  # engines: sync from a thread, or "step": on the engine thread
 
 
 def _redis_url(text: str) -> str:
@@ -414,6 +423,22 @@ def _redis_url(text: str) -> str:
             f"VTC_REDIS_URL={text!r} names no socket path; e.g. unix:///run/redis.sock"
         )
     return text
+
+
+#: ``VTC_SYNC_MODE`` values: how an engine syncs its counters.
+SYNC_MODES = ("background", "step")
+
+
+def _sync_mode(env: Mapping[str, str]) -> str:
+    text = _text(env, "VTC_SYNC_MODE")
+    if text is None:
+        return "background"
+    if text.lower() not in SYNC_MODES:
+        raise ConfigError(
+            f"VTC_SYNC_MODE={text!r}; expected 'background' (sync from a thread, the "
+            "default) or 'step' (every VTC_SYNC_INTERVAL steps on the engine thread)"
+        )
+    return text.lower()
 
 
 def shared_counter_settings(
@@ -444,6 +469,7 @@ def shared_counter_settings(
         sync_ms=_positive(env, "VTC_SYNC_MS"),
         replica_id=_text(env, "VTC_REPLICA_ID"),
         timeout_ms=_positive(env, "VTC_REDIS_TIMEOUT_MS") or 100.0,
+        mode=_sync_mode(env),
     )
     return settings if url is not None else None
 

@@ -75,6 +75,7 @@ from vtc._core import MAX_COUNTER
 
 if TYPE_CHECKING:
     import redis
+    from vtc.config import SharedCounterSettings
     from vtc.sim.engine import SimResult
     from vtc.sim.workloads import Request
 
@@ -711,6 +712,11 @@ class SharedCounters:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._loop_error_logged = False
+        #: how an engine integration syncs (``VTC_SYNC_MODE``): "background" or "step"
+        self.mode = "background"
+        #: seconds each sync attempt took (its round trips), newest last; the metrics
+        #: (``vtc_sync_seconds``) take them from the left
+        self.durations: deque[float] = deque(maxlen=4096)
 
     # -- the scheduler it serves ------------------------------------------------------------
     def attach(self, scheduler: SchedulerLike) -> None:
@@ -762,17 +768,28 @@ class SharedCounters:
         """``scheduler.forget_idle()`` without losing service the store has not seen yet.
 
         Integrations call this instead of the scheduler's own: it folds the
-        service charged so far first, so a tenant forgotten and served again
-        is counted in full.
+        service charged so far first (:meth:`before_forget`), so a tenant
+        forgotten and served again is counted in full.
         """
         with self._sync_lock:
-            self.attach(scheduler)
-            self._fold(scheduler)
+            self.before_forget(scheduler)
             n = scheduler.forget_idle()
             if n:
                 live = scheduler.services()
-                self._seen = {c: v for c, v in self._seen.items() if c in live}
+                self.forgot([c for c in self._seen if c not in live])
             return n
+
+    def before_forget(self, scheduler: SchedulerLike) -> None:
+        """The scheduler is about to forget idle tenants: read what it charged them."""
+        with self._sync_lock:
+            self.attach(scheduler)
+            self._fold(scheduler)
+
+    def forgot(self, clients: Iterable[Client]) -> None:
+        """The scheduler forgot ``clients``: their service starts again from 0."""
+        with self._sync_lock:
+            for c in clients:
+                self._seen.pop(c, None)
 
     # -- request tracking and the pre-submit lift ---------------------------------------------
     def track(self, request_id: int, client: Client) -> None:
@@ -861,6 +878,7 @@ class SharedCounters:
             if self._retry_at is not None and now < self._retry_at:
                 return False
             snap = self._fold(scheduler)
+            began = time.perf_counter()
             try:
                 reply, pull = self._round_trip(scheduler, wait_keys)
                 if reply.status == "resync":
@@ -874,8 +892,10 @@ class SharedCounters:
                         f"store answered {len(reply.counters)} counters for {len(pull)} pulled"
                     )
             except Exception as e:  # noqa: BLE001 - any store fault means: schedule locally
+                self.durations.append(time.perf_counter() - began)
                 self._fail(now, e)
                 return False
+            self.durations.append(time.perf_counter() - began)
             if self.degraded:
                 log.warning("vtc: shared counters reachable again; state reconciled")
             self.degraded = False
@@ -945,12 +965,19 @@ class SharedCounters:
         self._retry_at = now + self.retry_ms
 
     # -- background mode ----------------------------------------------------------------------
-    def start(self, scheduler: SchedulerLike, interval_ms: float | None = None) -> None:
+    def start(
+        self,
+        scheduler: SchedulerLike,
+        interval_ms: float | None = None,
+        waiting: Callable[[], Iterable[Client]] | None = None,
+    ) -> None:
         """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms`` or 50 ms).
 
         The engine thread then never waits on the store at all (the core is
-        thread-safe); do not also call ``on_step``. The thread survives any
-        error (logged once, ``degraded`` set) and keeps trying.
+        thread-safe); do not also call ``on_step``. ``waiting``, if given, is
+        called before each sync for the tenants waiting here (it runs on the
+        thread; the tracked requests otherwise). The thread survives any error
+        (logged once, ``degraded`` set) and keeps trying.
         """
         if self._thread is not None:
             raise RuntimeError("already started")
@@ -961,7 +988,7 @@ class SharedCounters:
         def loop() -> None:
             while not self._stop.wait(period):
                 try:
-                    self.sync(scheduler)
+                    self.sync(scheduler, None if waiting is None else waiting())
                 except Exception as e:  # noqa: BLE001 - the thread must outlive any fault
                     if not self._loop_error_logged:
                         log.exception("vtc: shared-counter sync failed; retrying")
@@ -989,26 +1016,49 @@ def from_env(
 
     ``VTC_REDIS_URL`` (e.g. ``redis://10.0.0.5:6379/0``; unset or empty: ``None``, the
     single-replica path), ``VTC_REDIS_NAMESPACE`` (default ``default``),
-    ``VTC_SYNC_INTERVAL`` (steps, default 10), ``VTC_SYNC_MS`` (optional),
-    ``VTC_REPLICA_ID`` (default host-pid-random), ``VTC_REDIS_TIMEOUT_MS`` (socket
-    timeouts, default 100).  Creating it does not contact Redis.
+    ``VTC_SYNC_MODE`` (engines: ``background``, the default, or ``step``),
+    ``VTC_SYNC_INTERVAL`` (steps, default 10), ``VTC_SYNC_MS`` (optional; the
+    background period, default 50), ``VTC_REPLICA_ID`` (default host-pid-random),
+    ``VTC_REDIS_TIMEOUT_MS`` (socket timeouts, default 100), parsed by
+    :func:`vtc.config.shared_counter_settings`: a malformed one raises
+    :class:`vtc.config.ConfigError` naming it.  Creating it does not contact Redis.
     """
-    env = os.environ if env is None else env
-    url = env.get(ENV_URL, "").strip()
-    if not url:
+    from vtc.config import shared_counter_settings
+
+    settings = shared_counter_settings(env)
+    if settings is None:
         return None
-    store = RedisStore.from_url(
-        url,
-        env.get(ENV_NAMESPACE) or "default",
-        timeout_ms=float(env.get(ENV_TIMEOUT_MS) or 100),
-    )
-    sync_ms = env.get(ENV_SYNC_MS)
-    return SharedCounters(
+    return from_settings(settings, replica_id=replica_id)
+
+
+def from_settings(
+    settings: SharedCounterSettings, *, replica_id: str | None = None
+) -> SharedCounters:
+    """A :class:`SharedCounters` on Redis for parsed ``settings``.
+
+    Raises :class:`vtc.config.ConfigError` when the ``redis`` client is not
+    installed (saying what to install).  Does not contact Redis.
+    """
+    from vtc.config import ConfigError
+
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            f"{ENV_URL} is set, but the redis client is not installed: pip install 'vtc[redis]'"
+        ) from None
+    try:
+        store = RedisStore.from_url(settings.url, settings.namespace, settings.timeout_ms)
+    except ValueError as e:  # redis-py's own reading of the URL
+        raise ConfigError(f"{ENV_URL}={settings.url!r}: {e}") from None
+    shared = SharedCounters(
         store,
-        replica_id=replica_id or env.get(ENV_REPLICA) or None,
-        sync_interval=int(env.get(ENV_SYNC_INTERVAL) or 10),
-        sync_ms=float(sync_ms) if sync_ms else None,
+        replica_id=replica_id or settings.replica_id,
+        sync_interval=settings.sync_interval,
+        sync_ms=settings.sync_ms,
     )
+    shared.mode = settings.mode
+    return shared
 
 
 # --------------------------------------------------------------------------- simulation

@@ -123,6 +123,11 @@ class VtcState:
         budget = getattr(scheduler, "max_total_num_tokens", None)
         hint = "start SGLang with --enable-metrics"
         self.adapter.enable_metrics(served=bool(served), budget=budget, hint=hint)
+        # VTC_REDIS_URL: counters shared across replicas, by the one scheduler of a replica
+        ranks = int(getattr(scheduler, "tp_size", 1) or 1) * int(
+            getattr(scheduler, "pp_size", 1) or 1
+        )
+        self.adapter.start_sharing(ranks=ranks)
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""

@@ -262,6 +262,11 @@ class _VTCMixin:
         served = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         hint = "set PROMETHEUS_MULTIPROC_DIR to an empty directory (docs/metrics.md)"
         self.vtc_adapter.enable_metrics(served=served, budget=capacity, hint=hint)
+        # VTC_REDIS_URL: counters shared across replicas (each data-parallel rank is one)
+        parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
+        dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
+        rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+        self.vtc_adapter.start_sharing(suffix=f"-dp{rank}" if dp > 1 else "")
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):
@@ -297,6 +302,11 @@ class _VTCMixin:
         for request in finished:
             self.waiting.forget(request.request_id)
         return finished
+
+    def shutdown(self) -> None:
+        """vLLM's shutdown, then a last sync of the shared counters (if any)."""
+        super().shutdown()
+        self.vtc_adapter.close()
 
     def tenant_counters(self) -> dict[str, float]:
         """Each tenant's virtual counter (weighted service plus lifts)."""

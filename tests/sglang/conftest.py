@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import array
 import itertools
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -235,3 +237,13 @@ def no_device_batches(monkeypatch: pytest.MonkeyPatch) -> None:
         "sglang.srt.managers.scheduler.PrefillStats.from_adder",
         staticmethod(lambda *a, **k: None),
     )
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_server import RedisServer, running_redis  # noqa: E402
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on loopback (tests/redis_server.py), for shared counters."""
+    yield from running_redis(tmp_path)

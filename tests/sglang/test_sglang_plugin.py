@@ -388,3 +388,29 @@ def test_active_tenants_are_capped_as_in_vllm() -> None:
     arrive(s, a, b, c)
     assert set(core().clients()) == {"a", "b", vs.DEFAULT_TENANT}
     assert vs.VtcState.from_env({"VTC_MAX_TENANTS": "3"}).tenancy.config.max_tenants == 3
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_shared_counters_from_the_environment(redis_server, tp_size: int) -> None:
+    """VTC_REDIS_URL alone: the scheduler process starts sharing at its first prefill pass
+    (not where the plugin is loaded) and every charge reaches the store; mirrored
+    tensor-parallel ranks would pull different counters, so they do not share."""
+    env = {"VTC_REDIS_URL": redis_server.url, "VTC_SYNC_MODE": "step", "VTC_SYNC_INTERVAL": "1"}
+    vs.reset_state(vs.VtcState.from_env(env))
+    state = vs.get_state()
+    assert state.adapter.sharing is None  # nothing started before SGLang schedules
+    s = make_scheduler()
+    s.tp_size = tp_size
+    a, b = make_req("a", 8), make_req("b", 12)
+    arrive(s, a, b)
+    running = prefill_pass(s)
+    step(s, running)
+    step(s, running)
+    sharing = state.adapter.sharing
+    if tp_size > 1:
+        assert sharing is None
+        return
+    assert sharing is not None and sharing.shared.stats.syncs >= 2
+    assert sharing.shared.store.counters() == core().services() == {"a": 8.0 + 4.0, "b": 16.0}
+    state.adapter.close()
+    vs.reset_state(vs.VtcState())

@@ -6,6 +6,7 @@ The main test run ignores this directory: vLLM is not installed in .venv.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,3 +37,13 @@ def _clean_vtc_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if name.startswith("VTC_"):
             monkeypatch.delenv(name)
     yield
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_server import RedisServer, running_redis  # noqa: E402
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server on loopback (tests/redis_server.py), for shared counters."""
+    yield from running_redis(tmp_path)

@@ -675,3 +675,58 @@ def test_decode_charges_take_numpy_arrays() -> None:
     core.pop()
     core.decode(np.asarray([1], dtype=np.uint64), np.asarray([3], dtype=np.int64))
     assert core.service("a") == 10 + 2 * 3
+
+
+def test_two_replicas_share_counters_through_redis(
+    model_dir: str, monkeypatch, redis_server
+) -> None:
+    """VTC_REDIS_URL alone: two real vLLM schedulers (replicas) share counters. Tenant a
+    runs only on r0, b on both, both backlogged: with shared counters r0 serves a ahead of
+    b (b is served on r1 too); per replica it alternates them. Every charge reaches the
+    store once, and shutdown takes the replicas' tenants out of the global backlog."""
+    monkeypatch.setenv("VTC_SYNC_MODE", "step")
+    monkeypatch.setenv("VTC_SYNC_INTERVAL", "1")
+    config = vllm_config(model_dir, max_num_seqs=1)
+    one = WP * 40 + WQ * 8
+    first: dict[str, list[str]] = {}
+    for mode in ("per-replica", "shared"):
+        if mode == "shared":
+            monkeypatch.setenv("VTC_REDIS_URL", redis_server.url)
+        reps = []
+        for name in ("r0", "r1"):
+            monkeypatch.setenv("VTC_REPLICA_ID", name)
+            reps.append(make_scheduler(VTCScheduler, config))
+        r0, r1 = reps
+        tenant_of = {}
+        for tenant in ["b", "a"] * 4:
+            request = make_request(tenant, 40, 8)
+            tenant_of[request.request_id] = tenant
+            r0.add_request(request)
+        for _ in range(8):
+            r1.add_request(make_request("b", 40, 8))
+        order: list[str] = []
+        for _ in range(10_000):  # the replicas step in turn, as replicas of equal speed
+            if not (r0.has_requests() or r1.has_requests()):
+                break
+            if r0.has_requests():
+                output, _ = step(r0)
+                order += [tenant_of[r] for r in admitted(output)]
+            if r1.has_requests():
+                step(r1)
+        first[mode] = order[:4]
+        assert r0.tenant_services() == {"a": 4 * one, "b": 4 * one}
+        assert r1.tenant_services() == {"b": 8 * one}
+        if mode == "shared":
+            store = r0.vtc_adapter.sharing.shared.store
+            for s in (r0, r1):
+                s.shutdown()
+                assert not s.vtc_adapter.sharing.shared.degraded
+            got = store.counters()
+            assert got["b"] >= 12 * one and got["a"] >= 4 * one
+            assert store.backlog() == {}
+        else:
+            assert r0.vtc_adapter.sharing is None
+        assert_empty(r0)
+        assert_empty(r1)
+    assert first["per-replica"].count("a") == 2  # b, a, b, a
+    assert first["shared"].count("a") >= 3, first
