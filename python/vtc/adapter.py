@@ -311,13 +311,15 @@ class Requests:
         return counts
 
     def by_tenant(self) -> tuple[dict[str, int], dict[str, int]]:
-        """How many requests each tenant has waiting (or set aside) and running."""
+        """How many requests each tenant has waiting (or set aside) and running: the
+        core's own per-client counts (``Scheduler.active_clients``), O(tenants)."""
         waiting: dict[str, int] = {}
         running: dict[str, int] = {}
-        tracked = list(self._by_key.values())
-        for t, state in zip(tracked, self.core.statuses([t.rid for t in tracked])):
-            counts = running if state == RUNNING else waiting
-            counts[t.tenant] = counts.get(t.tenant, 0) + 1
+        for c, (w, r) in self.core.active_clients().items():
+            if w:
+                waiting[str(c)] = w
+            if r:
+                running[str(c)] = r
         return waiting, running
 
     # -- state changes ---------------------------------------------------------------
