@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::every_cost;
+use common::{every_cost, Lcg};
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Scheduler, Tokens};
 
 fn two(s: &mut Scheduler) -> (ClientId, ClientId) {
@@ -261,17 +261,6 @@ fn mean_predictor_learns_per_client() {
         s.submit_full(3, x, 10, 0, Some(-1)),
         Err(CoreError::InvalidPrediction(-1))
     ));
-}
-
-struct Lcg(u64);
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
 }
 
 #[test]

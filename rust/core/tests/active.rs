@@ -1,7 +1,11 @@
 //! `Scheduler::active_clients`: every client with live requests and its
 //! `(waiting, running)` counts, set-aside requests counted as waiting.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
+
+use common::Lcg;
 
 use vtc_core::{ClientId, Policy, RequestState, Scheduler, Tokens};
 
@@ -147,16 +151,6 @@ fn a_restored_scheduler_has_no_active_client() {
 
 #[test]
 fn random_operations_list_what_counting_the_statuses_gives() {
-    struct Lcg(u64);
-    impl Lcg {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n
-        }
-    }
     let mut saw = [false; 3]; // a client both waiting and running, one set aside, a forget
     for seed in 0..30u64 {
         let mut rng = Lcg(seed + 1);

@@ -3,19 +3,9 @@
 
 use vtc_core::{ClientId, CoreError, Policy, RequestState, Scheduler, Tokens};
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+mod common;
+
+use common::Lcg;
 
 fn sched(m: i64, policy: Policy) -> (Scheduler, Vec<ClientId>) {
     let mut s = Scheduler::new(m, 1.0, 2.0, policy).unwrap();

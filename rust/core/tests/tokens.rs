@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::every_cost;
+use common::{every_cost, Lcg};
 use vtc_core::{ClientId, CoreError, Cost, Policy, RequestState, Scheduler, Tokens};
 
 fn tokens(s: &Scheduler, c: ClientId) -> (u64, u64) {
@@ -238,16 +238,6 @@ fn a_restored_scheduler_starts_every_tally_at_zero() {
 
 #[test]
 fn random_operations_count_exactly_what_a_model_counts() {
-    struct Lcg(u64);
-    impl Lcg {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (self.0 >> 33) % n
-        }
-    }
     for seed in 0..30u64 {
         let mut rng = Lcg(seed + 1);
         let cost = every_cost()[(seed % 3) as usize];
