@@ -37,6 +37,7 @@ def run(
     liveness_ms: int = 10_000,
     barrier: Any = None,
     health: Any = None,
+    unsynced: Any = None,
 ) -> None:
     """Serve this replica's requests for ``steps`` steps (or until ``stop``), then report.
 
@@ -49,7 +50,10 @@ def run(
     the others, and the counters it pulls then describe the past.
     ``health`` (two shared longs) is kept at ``[degraded steps, successful
     syncs]`` after every step, so a test can wait for a fault to be seen and
-    for reconciliation instead of sleeping.
+    for reconciliation instead of sleeping. ``unsynced`` (shared doubles) is
+    kept at the service per tenant charged here that the store has not
+    acknowledged (:meth:`SharedCounters.unsynced`), so a test can tell what a
+    killed replica lost.
     """
     reqs = requests_for(idx, replicas)
     s = vtc.Scheduler(M, 1.0, 2.0, "vtc")
@@ -104,6 +108,9 @@ def run(
         if svc is not None:
             for c in range(TENANTS):
                 svc[c] = s.service(c)
+        if unsynced is not None and shared is not None:
+            for c in range(TENANTS):
+                unsynced[c] = shared.unsynced(s, c)
     final_ok = None
     if shared is not None:
         # the store's 50 ms timeout can expire on a busy machine: retry for a while

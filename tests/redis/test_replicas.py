@@ -31,9 +31,17 @@ def wait_for(cond, what: str, timeout: float = DEADLINE_S) -> None:
         time.sleep(0.02)
 
 
-def launch(n: int, url: str | None, steps: int, health: list | None = None, **kw):
+def launch(
+    n: int,
+    url: str | None,
+    steps: int,
+    health: list | None = None,
+    unsynced: list | None = None,
+    **kw,
+):
     """Start ``n`` replicas; with ``health`` (a list) it receives each one's shared
-    ``[degraded steps, successful syncs]``."""
+    ``[degraded steps, successful syncs]``, with ``unsynced`` each one's service
+    per tenant the store has not acknowledged."""
     c = ctx()
     out = c.Queue()
     procs, prog, svcs = [], [], []
@@ -44,6 +52,9 @@ def launch(n: int, url: str | None, steps: int, health: list | None = None, **kw
         if health is not None:
             health.append(c.Array("l", 2, lock=False))
             extra["health"] = health[-1]
+        if unsynced is not None:
+            unsynced.append(c.Array("d", TENANTS, lock=False))
+            extra["unsynced"] = unsynced[-1]
         args = (i, n, url, "rep", steps, S, out, p_, s_)
         proc = c.Process(target=run, args=args, kwargs={**kw, **extra})
         proc.start()
@@ -87,17 +98,24 @@ def test_three_replicas_global_vs_per_replica(redis_server):
 
 
 def test_killed_replica_loses_at_most_its_unsynced_charges(redis_server):
+    """A SIGKILLed replica loses only what it charged since its last acknowledged
+    sync and the store had not applied yet: at most one sync interval."""
     n = 3
-    procs, prog, svcs, out = launch(n, redis_server.url, 10**6, liveness_ms=300)
+    uns: list = []
+    procs, prog, svcs, out = launch(n, redis_server.url, 10**6, unsynced=uns, liveness_ms=300)
+    most = S * RATE + 512  # S steps (+ one prefill) of charges
     wait_for(lambda: min(p.value for p in prog) >= 2000, "every replica to reach step 2000")
+    # until it served far more than it may lose, so a loss of everything would show
+    wait_for(lambda: sum(svcs[2]) > 3 * most, "replica 2 to serve three sync intervals' worth")
     os.kill(procs[2].pid, signal.SIGKILL)
     procs[2].join(timeout=10)
-    seen = list(svcs[2])  # its service as of its last completed step
+    unacked = list(uns[2])  # as of its last completed step
     st = D.RedisStore.from_url(redis_server.url, "rep")
-    pushed = st.client.hgetall(st.prefix + "s:replica-2")
-    lost = [seen[c] - float(pushed.get(D.encode(c).encode(), 0)) for c in range(TENANTS)]
-    # at most S steps (+ one prefill) of charges; the shared array may lag one step behind
-    assert pushed and abs(sum(lost)) <= S * RATE + 512
+    rec = st.client.hgetall(st.prefix + "s:replica-2")  # applied, reply not yet seen
+    assert rec and int(rec[b"#seq"]) > 0  # it did sync
+    inflight = [float(rec.get(D.encode(c).encode(), 0)) for c in range(TENANTS)]
+    lost = [unacked[c] - inflight[c] for c in range(TENANTS)]
+    assert abs(sum(lost)) <= most  # the shared arrays may lag one step behind
     # the survivors keep serving and reap the dead replica from the backlog
     before = [p.value for p in prog[:2]]
     wait_for(lambda: "replica-2" not in st.replicas(), "the dead replica to be reaped")
