@@ -82,6 +82,10 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
         return "peek", ()
     if r < 0.95:
         v = rng.choice([0.0, 50.0, 500.0, 5000.0, float("inf"), -1.0])
+        if rng.random() < 0.4:  # a sync's batch: a bad value anywhere changes nothing
+            vals = [0.0, 50.0, 500.0, 5000.0, -1.0] + [float("inf")] * (rng.random() < 0.1)
+            batch = {c: rng.choice(vals) for c in rng.sample(CLIENTS, rng.randint(0, 3))}
+            return "raise_counters", (batch,)
         return "raise_counter", (rng.choice(CLIENTS), v)
     w = rng.choice([0.5, 1.0, 2.0, 3.0, 0.25, 0.0, -1.0, float("inf"), float("nan")])
     return "set_weight", (rng.choice(CLIENTS), w)

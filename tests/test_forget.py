@@ -39,6 +39,8 @@ def test_forgetting_scheduler_decides_like_one_that_forgets_nothing(policy):
             got, want = _apply(fast, op, args), _apply(ref, op, args)
             if op in ("counter", "service"):
                 continue
+            if op == "raise_counters" and got[0] == want[0] == "ok":
+                got = want  # how many rose: a forgotten client's counter restarts at 0
             assert got == want, f"seed {seed} op {i}: {op}{args}: {got} != {want}"
             assert _decision_state(fast) == _decision_state(ref), f"seed {seed} op {i}"
             # clients that can still matter have identical counters (under fcfs

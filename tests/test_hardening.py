@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections.abc
 import math
+import types
 from decimal import Decimal
 from fractions import Fraction
 
@@ -496,3 +497,34 @@ def test_forget_idle_frees_clients_with_the_mean_predictor():
     s.submit(n, "one-off-7", 5)
     assert s.schedule() == [n]
     s._check_invariants()
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_raise_counters_checks_every_pair_before_moving_any(cls):
+    s = cls(100)
+    s.submit(1, "a", 10)
+    s.raise_counters({"a": 5.0, "b": 2})
+    before = state(s, [1])
+    bad_batches = [
+        ({"a": 50.0, "b": float("nan")}, vtc.InvalidArgumentError),
+        ({"a": 50.0, "b": 1e31}, vtc.InvalidArgumentError),
+        ({"a": 50.0, "b": -math.inf}, vtc.InvalidArgumentError),
+        ({"a": 50.0, "b": "7"}, TypeError),
+        ({"a": 50.0, "b": True}, TypeError),
+        ({"a": 50.0, 2.5: 1.0}, TypeError),
+        ({"a": 50.0, True: 1.0}, TypeError),
+        ({"a": 50.0, 2**64: 1.0}, vtc.InvalidArgumentError),
+    ]
+    for batch, err in bad_batches:
+        with pytest.raises(err):
+            s.raise_counters(batch)
+        assert state(s, [1]) == before, batch
+    for not_a_mapping in ([("a", 50.0)], ("a", 50.0), None, 50.0, {"a"}):
+        with pytest.raises(TypeError, match="mapping"):
+            s.raise_counters(not_a_mapping)
+        assert state(s, [1]) == before
+    # any Mapping works; never lowers; how many counters rose
+    proxy = types.MappingProxyType({"a": 1.0, "b": 3, "c": Fraction(1, 2)})
+    assert s.raise_counters(proxy) == 2
+    assert (s.counter("a"), s.counter("b"), s.counter("c")) == (5.0, 3.0, 0.5)
+    assert s.raise_counters({}) == 0

@@ -133,6 +133,14 @@ class EngineMachine(RuleBasedStateMachine):
     def raise_counter(self, client, v):
         self.both("raise_counter", client, v)
 
+    @rule(
+        batch=st.dictionaries(
+            CLIENTS, st.sampled_from([1e30, -1e30, 3.0, 2e30, 10**400, 7.5]), max_size=3
+        )
+    )
+    def raise_counters(self, batch):
+        self.both("raise_counters", batch)
+
     @invariant()
     def same_state_finite_counters_restorable_snapshot(self):
         fast, ref = self.pair

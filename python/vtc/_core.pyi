@@ -1,7 +1,7 @@
 # Hand-kept stub for the compiled module vtc._core (rust/python/src/lib.rs).
 # Keep every signature here in step with the #[pyo3(signature = ...)] there.
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -178,6 +178,13 @@ class Scheduler:
 
         For counters shared across replicas: a replica lifts its local view to the
         global counter it learned. Delivered service is unchanged.
+        """
+    def raise_counters(self, counters: Mapping[ClientKey, float]) -> int:
+        """``raise_counter`` for every ``client: value`` of ``counters``, in one call.
+
+        Every pair is checked (the client, then its value, in the mapping's order)
+        before any counter moves: an error changes nothing. Returns how many
+        counters rose.
         """
     def weight(self, client: ClientKey) -> float:
         """The client's weight (1.0 for a client never seen)."""

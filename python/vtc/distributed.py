@@ -100,6 +100,7 @@ class SchedulerLike(Protocol):
     def service(self, client: Client) -> float: ...  # noqa: D102
     def counter(self, client: Client) -> float: ...  # noqa: D102
     def raise_counter(self, client: Client, value: float) -> None: ...  # noqa: D102
+    def raise_counters(self, counters: dict[Client, float]) -> int: ...  # noqa: D102
     def forget_idle(self) -> int: ...  # noqa: D102
     def status(self, request_id: int) -> str | None: ...  # noqa: D102
     def submit(  # noqa: D102
@@ -908,6 +909,7 @@ class SharedCounters:
             self._continuous = set(wait_keys)
             self.floor = reply.floor
             self.stats.syncs += 1
+            raise_to: dict[Client, float] = {}
             for key, g in zip(pull, reply.counters):
                 if g is None:
                     continue
@@ -916,7 +918,8 @@ class SharedCounters:
                 if not value <= MAX_COUNTER:
                     self.stats.skipped += 1
                     continue
-                scheduler.raise_counter(c, value)
+                raise_to[c] = value
+            scheduler.raise_counters(raise_to)  # one call into the core
             return True
 
     def _round_trip(self, scheduler: SchedulerLike, wait: set[str]) -> tuple[SyncReply, list[str]]:

@@ -123,7 +123,7 @@ import math
 import numbers
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -430,6 +430,28 @@ class Scheduler:
             )
         c = self._clients.setdefault(client, _Client())
         c.counter = max(c.counter, v)
+
+    def raise_counters(self, counters) -> int:
+        if not isinstance(counters, Mapping):
+            raise TypeError(
+                f"counters must be a mapping of client to counter, got {type(counters).__name__}"
+            )
+        checked = []
+        for client, value in list(counters.items()):
+            client = _check_client(client)
+            v = _as_float("value", value)
+            if not (math.isfinite(v) and abs(v) <= MAX_COUNTER):
+                raise InvalidArgumentError(
+                    f"counter must be a finite number in [-{MAX_COUNTER}, {MAX_COUNTER}], got {v!r}"
+                )
+            checked.append((client, v))
+        raised = 0
+        for client, v in checked:
+            c = self._clients.setdefault(client, _Client())
+            if v > c.counter:
+                c.counter = v
+                raised += 1
+        return raised
 
     # -- the policy --------------------------------------------------------
     def _backlogged(self) -> list:

@@ -509,21 +509,53 @@ impl Scheduler {
     /// schedulers that share counters across replicas: a replica lifts its
     /// local view to the global counter it learned.
     pub fn raise_counter(&mut self, c: ClientId, value: f64) -> Result<()> {
+        self.check_raise(c, value)?;
+        self.lift_counter(c.0, value);
+        Ok(())
+    }
+
+    /*
+     * raise_counters: raise_counter for many clients in one call (a replica
+     * applying what one sync pulled), all or nothing.
+     *
+     * Every pair is checked (a valid counter, a live client) before any
+     * counter moves, so an error leaves the scheduler as it was. A client
+     * named twice ends at the larger value, as two raise_counter calls would
+     * leave it. Returns how many pairs raised a counter.
+     */
+    pub fn raise_counters(&mut self, items: &[(ClientId, f64)]) -> Result<usize> {
+        for &(c, v) in items {
+            self.check_raise(c, v)?;
+        }
+        Ok(items
+            .iter()
+            .filter(|&&(c, v)| self.lift_counter(c.0, v))
+            .count())
+    }
+
+    fn check_raise(&self, c: ClientId, value: f64) -> Result<()> {
         if !(value.is_finite() && value.abs() <= MAX_COUNTER) {
             return Err(CoreError::InvalidCounter(value));
         }
-        let cl = self
-            .clients
-            .get_mut(c.0 as usize)
+        self.clients
+            .get(c.0 as usize)
             .filter(|cl| cl.live)
-            .ok_or(CoreError::UnknownClient(c.0))?;
-        if value > cl.counter {
-            cl.counter = value;
-            if self.policy != Policy::Fcfs {
-                self.adjust(c.0);
-            }
+            .map(|_| ())
+            .ok_or(CoreError::UnknownClient(c.0))
+    }
+
+    /// Set a checked client's counter to `value` if that raises it, keeping
+    /// the heap in order; whether it rose.
+    fn lift_counter(&mut self, c: u32, value: f64) -> bool {
+        let cl = &mut self.clients[c as usize];
+        if value <= cl.counter {
+            return false;
         }
-        Ok(())
+        cl.counter = value;
+        if self.policy != Policy::Fcfs {
+            self.adjust(c);
+        }
+        true
     }
 
     /*

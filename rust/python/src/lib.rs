@@ -17,7 +17,8 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyMemoryView,
+    PyString, PyTuple,
 };
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
 
@@ -1065,6 +1066,39 @@ impl PyScheduler {
         let c = g.intern(&key);
         g.core.raise_counter(c, v)?;
         Ok(())
+    }
+
+    /// `raise_counter` for every `client: value` of a mapping, all checked
+    /// (in order: the client, then its value) before any counter moves;
+    /// returns how many counters rose.
+    fn raise_counters(&self, py: Python<'_>, counters: &Bound<'_, PyAny>) -> Result<usize> {
+        let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> =
+            if let Ok(d) = counters.cast::<PyDict>() {
+                d.iter().collect()
+            } else if let Ok(m) = counters.cast::<PyMapping>() {
+                m.items()?
+                    .iter()
+                    .map(|t| t.extract())
+                    .collect::<PyResult<_>>()?
+            } else {
+                return Err(type_error(
+                    "counters",
+                    "a mapping of client to counter",
+                    counters,
+                ));
+            };
+        let mut checked = Vec::with_capacity(items.len());
+        for (k, v) in &items {
+            let key = client_arg(k)?;
+            let v = float_arg("value", v)?;
+            if !(v.is_finite() && v.abs() <= vtc_core::limits::MAX_COUNTER) {
+                return Err(CoreError::InvalidCounter(v).into());
+            }
+            checked.push((key, v));
+        }
+        let mut g = self.lock(py)?;
+        let pairs: Vec<(ClientId, f64)> = checked.iter().map(|(k, v)| (g.intern(k), *v)).collect();
+        Ok(g.core.raise_counters(&pairs)?)
     }
 
     fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
