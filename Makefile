@@ -13,7 +13,7 @@ $(BIN)/python:
 
 ## run: build and install vtc, then run every simulation experiment (the main job)
 run: $(BIN)/python
-	$(BIN)/pip install -q .
+	$(BIN)/pip install -q '.[sim]'
 	$(BIN)/python -m vtc.sim $(SIM_ARGS)
 
 ## dev: editable install with the test and benchmark tools

@@ -22,6 +22,20 @@ def test_import_and_defaults():
     assert s.schedule() == [] and s.peek() is None and s.pop() is None
 
 
+def test_version_is_single_sourced_from_cargo():
+    # One version: the workspace's Cargo.toml; maturin gives it to the package metadata and
+    # the extension reports it as vtc.__version__ (env!("CARGO_PKG_VERSION")).
+    import importlib.metadata
+    import pathlib
+    import re
+
+    cargo = pathlib.Path(__file__).resolve().parent.parent / "Cargo.toml"
+    section = cargo.read_text().split("[workspace.package]", 1)[1]
+    declared = re.search(r'^version = "([^"]+)"', section, re.M).group(1)
+    assert vtc.__version__ == declared
+    assert importlib.metadata.version("vtc") == declared
+
+
 def test_prefill_charged_at_admission_and_decode_as_generated():
     s = vtc.Scheduler(M=1000, wp=1.0, wq=2.0)
     s.submit(1, "a", 100)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
 import math
 import statistics
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from vtc.sim import Options, RpmGate, metrics, reference_scheduler, simulate, wo
 from vtc.sim import experiments as X
 from vtc.sim.__main__ import main
 from vtc.sim.progress import Progress
-from vtc.sim.report import Table
+from vtc.sim.report import Table, plot
 from vtc.sim.workloads import ClientSpec, Request
 
 M = 8192
@@ -417,6 +419,32 @@ def test_cli_json_and_plot(tmp_path, capsys):
         "throughput",
     }
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    # matplotlib comes with vtc[sim]: without it --plot stops before any experiment runs
+    # (a None entry in sys.modules makes the import raise ImportError), and 'all' writes JSON.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    png = tmp_path / "d.png"
+    ran = []
+    monkeypatch.setitem(X.EXPERIMENTS, "drift", lambda opts: ran.append(opts))
+    assert main(["drift", "--plot", str(png), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "pip install 'vtc[sim]'" in err
+    assert ran == [] and not png.exists()
+    with pytest.raises(ImportError, match=r"vtc\[sim\]"):
+        plot([], png)
+
+    out = tmp_path / "all"
+    monkeypatch.setattr("vtc.sim.__main__.EXPERIMENTS", {"weighted": _weighted_small})
+    assert main(["all", "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "no PNGs" in captured.err and "vtc[sim]" in captured.err
+    assert sorted(p.suffix for p in out.iterdir()) == [".json"]
+
+
+def _weighted_small(opts):
+    return X.EXPERIMENTS["weighted"](dataclasses.replace(opts, steps=500))
 
 
 def test_cli_reference_impl_and_errors(tmp_path, capsys):

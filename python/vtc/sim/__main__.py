@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vtc.sim.engine import reference_scheduler, rust_scheduler
 from vtc.sim.experiments import EXPERIMENTS, Options
-from vtc.sim.report import Report, plot, write_json
+from vtc.sim.report import PLOT_EXTRA_HINT, Report, can_plot, plot, write_json
 
 EXAMPLES = """\
 experiments:
@@ -115,6 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     out = Path(args.out) if args.experiment == "all" else None
+    # Checked before anything runs: an experiment can take minutes.
+    plots = can_plot()
+    if args.plot and not plots:
+        print(f"vtc-sim: --plot: {PLOT_EXTRA_HINT}", file=sys.stderr)
+        return 2
+    if out is not None and not plots:
+        print(f"vtc-sim: writing JSON only, no PNGs ({PLOT_EXTRA_HINT})", file=sys.stderr)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     tables = []
@@ -130,13 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out is not None:
             for table in report.tables:
                 write_json([table], out / f"{table.name}.json")
-            plot(report.panels, out / f"{name}.png", title=report.tables[0].title)
+            if plots:
+                plot(report.panels, out / f"{name}.png", title=report.tables[0].title)
         elif args.plot:
             plot(report.panels, args.plot, title=report.tables[0].title)
     if args.json:
         write_json(tables, args.json)
     if out is not None:
-        print(f"wrote {out}/: one JSON per table, one PNG per experiment")
+        pngs = ", one PNG per experiment" if plots else ""
+        print(f"wrote {out}/: one JSON per table{pngs}")
     return 0
 
 

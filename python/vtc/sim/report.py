@@ -106,9 +106,27 @@ def write_json(tables: Sequence[Table], path: str | os.PathLike) -> None:
         f.write("\n")
 
 
+PLOT_EXTRA_HINT = "plots need matplotlib: pip install 'vtc[sim]'"
+
+
+def can_plot() -> bool:
+    """Whether :func:`plot` can run: matplotlib comes with the ``sim`` extra."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def plot(panels: Sequence[Panel], path: str | os.PathLike, title: str = "") -> None:
-    """Write a PNG: one subplot per panel, cumulative weighted tokens per client over steps."""
-    import matplotlib
+    """Write a PNG: one subplot per panel, cumulative weighted tokens per client over steps.
+
+    Raises :class:`ImportError` naming the ``vtc[sim]`` extra when matplotlib is missing.
+    """
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(PLOT_EXTRA_HINT) from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
