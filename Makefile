@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
 
-.PHONY: run test test-core dev lint bench clean test-vllm system-deps test-loaded
+.PHONY: run test test-core test-package dev lint bench clean test-vllm system-deps test-loaded
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ system-deps:
 
 ## test: every test (the README's second command): test-core, then the SGLang and
 ## vLLM integrations against the real engines, each in its own virtualenv
-test: test-core test-sglang test-vllm
+test: test-core test-package test-sglang test-vllm
+
+## test-package: build the sdist, the abi3 wheel from it (Rust + maturin only), install the
+## wheel on another CPython minor version without Rust on PATH and run it (tests/package)
+test-package: dev
+	$(BIN)/python -m pytest -q -o addopts=-ra tests/package
 
 ## test-core: the fast suite: the Rust core's cargo tests, pytest (with Redis), ruff, clippy
 test-core: system-deps dev
