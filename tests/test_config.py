@@ -33,6 +33,7 @@ def test_every_variable_is_read(tmp_path: Path):
         "VTC_TENANT_KEY": " org ",
         "VTC_WEIGHTS": "gold=3, free=0.5,,",
         "VTC_WEIGHTS_FILE": str(weights),
+        "VTC_WEIGHTS_RELOAD": "2.5",
         "VTC_WP": "0.5",
         "VTC_WQ": " 3 ",
         "VTC_MAX_TENANTS": "7",
@@ -48,6 +49,8 @@ def test_every_variable_is_read(tmp_path: Path):
     assert cfg.tenant_key == "org"
     # the variable wins over the file for the same tenant
     assert dict(cfg.weights) == {"gold": 3.0, "silver": 2.0, "a=b,c": 3.0, "free": 0.5}
+    assert (cfg.weights_file, cfg.weights_reload) == (str(weights), 2.5)
+    assert dict(cfg.env_weights) == {"gold": 3.0, "free": 0.5}
     assert (cfg.wp, cfg.wq, cfg.max_tenants) == (0.5, 3.0, 7)
     assert (cfg.log_interval, cfg.trace_interval) == (0.0, 0.25)
     assert cfg.trace_file == str(tmp_path / "trace.jsonl")

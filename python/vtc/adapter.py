@@ -23,15 +23,16 @@ import json
 import logging
 import math
 import operator
+import os
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from vtc._core import Scheduler, key_id
-from vtc.config import ConfigError, EngineConfig, first_tenant
+from vtc.config import ConfigError, EngineConfig, first_tenant, load_weights_file, merge_weights
 from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
 
 __all__ = [
@@ -126,7 +127,8 @@ class _Observers(list):
 class Tenancy:
     """Which tenant a new request is billed to, and how many tenants are tracked.
 
-    The weights of ``config`` are set on ``core`` once. :meth:`arrive` names the
+    The weights of ``config`` are set on ``core`` at start, and again whenever
+    ``VTC_WEIGHTS_FILE`` changes (:meth:`reload_weights`). :meth:`arrive` names the
     tenant of each arriving request from the engine's tenant fields (in the
     engine's order; :func:`vtc.config.first_tenant`, else the default tenant).
     Memory follows the live tenants: every ``forget_every`` arrivals, and
@@ -158,6 +160,69 @@ class Tenancy:
         self._known: set[str] = set(config.weights)
         self._arrivals = 0
         self._warned_full = False
+        self._clock = time.monotonic
+        self._next_check = self._clock() + config.weights_reload
+        # the weights file as last read (inode, size, mtime), or why it could not be
+        self._file_seen: tuple[Any, ...] | None = self._stat()
+
+    def weight(self, tenant: str) -> float:
+        """The weight in force for ``tenant`` (1 unless configured)."""
+        return self.config.weights.get(tenant, 1.0)
+
+    def _stat(self) -> tuple[Any, ...] | None:
+        path = self.config.weights_file
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            return ("error", e.errno)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def reload_weights(self, now: float | None = None, *, force: bool = False) -> bool:
+        """Re-read ``VTC_WEIGHTS_FILE`` if ``config.weights_reload`` seconds have passed
+        since the last check (0: never) and the file changed (its inode, size or
+        modification time); whether the weights in force changed.
+
+        The new weights are the file's with ``VTC_WEIGHTS`` over them; they are set
+        on the core at once, so the next charge of each tenant uses them, and a
+        tenant no longer named goes back to weight 1. A file that cannot be read or
+        is malformed keeps the weights in force, and says why in the log (once per
+        version of the file). Never raises for the file.
+        """
+        config = self.config
+        if config.weights_file is None:
+            return False
+        now = self._clock() if now is None else now
+        if not force and (config.weights_reload <= 0 or now < self._next_check):
+            return False
+        self._next_check = now + config.weights_reload
+        seen = self._stat()
+        if seen == self._file_seen and not force:
+            return False
+        self._file_seen = seen
+        try:
+            new = merge_weights(load_weights_file(config.weights_file), config.env_weights)
+        except ConfigError as e:
+            self._log.warning("VTC: weights not reloaded, the ones in force stay: %s", e)
+            return False
+        old = config.weights
+        if new == old:
+            return False
+        core = self.core
+        for tenant in old.keys() - new.keys():
+            core.set_weight(tenant, 1.0)
+        for tenant, weight in new.items():
+            if old.get(tenant) != weight:
+                core.set_weight(tenant, weight)
+        self.config = replace(config, weights=new)
+        self._known |= new.keys()
+        self._log.info(
+            "VTC: weights reloaded from VTC_WEIGHTS_FILE %r: %s",
+            config.weights_file,
+            describe_weight_changes(old, new),
+        )
+        return True
 
     def arrive(self, fields: Iterable[Any]) -> str:
         """The tenant a newly arriving request is billed to; ``fields`` are its
@@ -658,6 +723,20 @@ LOG_TENANTS = 20
 """Tenants named in one log line (the most served); the others are counted."""
 
 
+def describe_weight_changes(old: Mapping[str, float], new: Mapping[str, float]) -> str:
+    """``gold 1 -> 2, free 0.5 -> 1 (removed)``: what changed from ``old`` to ``new``,
+    names quoted as in the log line; at most :data:`LOG_TENANTS` changes, then a count."""
+    changed = sorted(t for t in old.keys() | new.keys() if old.get(t) != new.get(t))
+    parts = []
+    for t in changed[:LOG_TENANTS]:
+        before = f"{old[t]:g}" if t in old else "1"
+        after = f"{new[t]:g}" if t in new else "1 (removed)"
+        parts.append(f"{_name(t)} {before} -> {after}")
+    if len(changed) > LOG_TENANTS:
+        parts.append(f"(+{len(changed) - LOG_TENANTS} more)")
+    return ", ".join(parts)
+
+
 def _name(tenant: str) -> str:
     """A tenant name safe in a log line: as is if plain, else JSON-quoted."""
     if tenant.isprintable() and not any(c in tenant for c in " ,=()/\"'"):
@@ -857,6 +936,8 @@ class Adapter:
     def step_done(self) -> None:
         """The engine finished a step: the observers (the trace writes a record
         if its interval has passed), then the log line if its interval has."""
+        if self.config.weights_file is not None and self.tenancy.reload_weights():
+            self.config = self.tenancy.config
         if self.observers:
             self.observers.notify("stepped", self)
         self.maybe_log()

@@ -13,6 +13,8 @@ variable               meaning (default)
 ``VTC_WEIGHTS``        ``TENANT=WEIGHT`` entries separated by ``,`` (none)
 ``VTC_WEIGHTS_FILE``   path of a JSON object ``{tenant: weight}``; an entry of
                        ``VTC_WEIGHTS`` wins over the file's for the same tenant
+``VTC_WEIGHTS_RELOAD`` seconds between checks of ``VTC_WEIGHTS_FILE`` for a
+                       change, which is then re-read; 0 reads it only at start (1)
 ``VTC_WP``             price of a prompt token (1), in [0, 1e9]
 ``VTC_WQ``             price of a generated token (2), in [0, 1e9]; not both 0
 ``VTC_MAX_TENANTS``    active tenants tracked before new ones share the default
@@ -99,6 +101,7 @@ VARIABLES = (
     "VTC_TENANT_KEY",
     "VTC_WEIGHTS",
     "VTC_WEIGHTS_FILE",
+    "VTC_WEIGHTS_RELOAD",
     "VTC_WP",
     "VTC_WQ",
     "VTC_MAX_TENANTS",
@@ -215,7 +218,19 @@ def parse_weights(text: str | None, variable: str = "VTC_WEIGHTS") -> dict[str, 
     return weights
 
 
-def _load_weights_file(path: str) -> dict[str, float]:
+def merge_weights(
+    from_file: Mapping[str, float] | None, from_env: Mapping[str, float]
+) -> dict[str, float]:
+    """The weights in force: the file's, with ``VTC_WEIGHTS`` entries over them."""
+    weights = dict(from_file or {})
+    weights.update(from_env)
+    return weights
+
+
+def load_weights_file(path: str) -> dict[str, float]:
+    """The ``{tenant: weight}`` of ``VTC_WEIGHTS_FILE`` at ``path``; :class:`ConfigError`
+    names the path and what is wrong (unreadable, not UTF-8, not JSON, a tenant given
+    twice, a name that is not a tenant, a weight outside the core's range)."""
     where = f"VTC_WEIGHTS_FILE {path!r}"
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -328,7 +343,13 @@ class EngineConfig:
 
     tenant_key: str = DEFAULT_TENANT_KEY
     default_tenant: str = DEFAULT_TENANT
+    #: the weights in force: ``weights_file``'s, with ``env_weights`` over them
     weights: Mapping[str, float] = field(default_factory=dict)
+    #: ``VTC_WEIGHTS_FILE``, re-read every ``weights_reload`` seconds when it changed
+    weights_file: str | None = None
+    #: ``VTC_WEIGHTS``: they win over the file's at every reload
+    env_weights: Mapping[str, float] = field(default_factory=dict)
+    weights_reload: float = 1.0
     wp: float = 1.0
     wq: float = 2.0
     max_tenants: int = 10_000
@@ -353,11 +374,9 @@ class EngineConfig:
         Raises :class:`ConfigError` for the first malformed one.
         """
         env = os.environ if environ is None else environ
-        weights: dict[str, float] = {}
         path = _text(env, "VTC_WEIGHTS_FILE")
-        if path is not None:
-            weights.update(_load_weights_file(path))
-        weights.update(parse_weights(env.get("VTC_WEIGHTS")))
+        env_weights = parse_weights(env.get("VTC_WEIGHTS"))
+        weights = merge_weights(None if path is None else load_weights_file(path), env_weights)
         wp = _number(env, "VTC_WP", 1.0, MAX_PRICE)
         wq = _number(env, "VTC_WQ", 2.0, MAX_PRICE)
         if wp == 0.0 and wq == 0.0:
@@ -368,6 +387,9 @@ class EngineConfig:
         return cls(
             tenant_key=_text(env, "VTC_TENANT_KEY") or DEFAULT_TENANT_KEY,
             weights=weights,
+            weights_file=path,
+            env_weights=env_weights,
+            weights_reload=_number(env, "VTC_WEIGHTS_RELOAD", 1.0),
             wp=wp,
             wq=wq,
             max_tenants=_count(env, "VTC_MAX_TENANTS", 10_000),

@@ -14,6 +14,8 @@ series                               type       meaning
                                                 (prefix-cache hits excluded) or
                                                 ``decode``
 ``vtc_tenant_counter``               gauge      the tenant's virtual counter
+``vtc_tenant_weight``                gauge      the tenant's weight in force (1 unless
+                                                configured; follows ``VTC_WEIGHTS_FILE``)
 ``vtc_tenant_requests``              gauge      requests, ``state`` = ``waiting``
                                                 (or set aside) or ``running``
 ``vtc_tenant_preemptions_total``     counter    preemptions of the tenant's requests
@@ -33,9 +35,9 @@ series                               type       meaning
 Cardinality is bounded: at most ``max_tenants`` tenants get their own ``tenant``
 label, those with the most service over the window (ties: by name); the others
 are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
-counters means nothing, so ``_other`` has no ``vtc_tenant_counter``). The series
-of a tenant that leaves the labelled set, or that the core forgets, are removed.
-Tenant names are label values as they are, never parsed.
+counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
+``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
+that the core forgets, are removed. Tenant names are label values as they are, never parsed.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ class _Families:
             "vtc_tenant_service_tokens", "Tokens charged to a tenant", ["tenant", "kind"], **reg
         )
         self.counter = Gauge("vtc_tenant_counter", "A tenant's virtual counter", ["tenant"], **live)
+        self.weight = Gauge(
+            "vtc_tenant_weight",
+            "A tenant's weight (VTC_WEIGHTS, VTC_WEIGHTS_FILE)",
+            ["tenant"],
+            **live,
+        )
         self.requests = Gauge(
             "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **live
         )
@@ -99,7 +107,7 @@ class _Families:
             "1 while shared counters are unreachable (VTC schedules locally)",
             **live,
         )
-        self.labelled = (self.service, self.counter, self.requests, self.preemptions)
+        self.labelled = (self.service, self.counter, self.weight, self.requests, self.preemptions)
 
 
 _BY_REGISTRY: dict[int, tuple[Any, _Families]] = {}
@@ -160,6 +168,7 @@ class TenantMetrics(Observer):
         families = _families(registry)
         self.service = families.service
         self.counter = families.counter
+        self.weight = families.weight
         self.requests = families.requests
         self.preemptions = families.preemptions
         self.active = families.active
@@ -252,9 +261,11 @@ class TenantMetrics(Observer):
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
+        weight = adapter.tenancy.weight
         for tenant in self._labelled:
             if tenant in counters:
                 self._set(self.counter, tenant, value=counters[tenant])
+                self._set(self.weight, tenant, value=weight(tenant))
 
         sharing = getattr(adapter, "sharing", None)
         if sharing is not None:
@@ -342,7 +353,10 @@ class TenantMetrics(Observer):
 
     def _remove(self, tenant: str) -> None:
         """Remove every series of ``tenant``."""
-        metrics = {id(m): m for m in (self.service, self.counter, self.requests, self.preemptions)}
+        metrics = {
+            id(m): m
+            for m in (self.service, self.counter, self.weight, self.requests, self.preemptions)
+        }
         for metric_id, *labels in self._series.pop(tenant, {}):
             try:
                 metrics[metric_id].remove(tenant, *labels)

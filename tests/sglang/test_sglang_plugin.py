@@ -98,6 +98,32 @@ def test_the_trace_records_each_tenants_tokens_as_vllms_does(tmp_path) -> None:
     assert gen == records[1]["tokens"]  # the trace says what the core charged
 
 
+def test_a_changed_weights_file_is_reloaded_after_a_batch(tmp_path) -> None:
+    """VTC_WEIGHTS_FILE is re-read when it changes (issue 17, item 3): the batch that
+    sees the change is charged at the old weight, the next ones at the new."""
+    path = tmp_path / "weights.json"
+    path.write_text(json.dumps({"a": 1}))
+    env = {"VTC_WEIGHTS_FILE": str(path), "VTC_WEIGHTS_RELOAD": "1e-9"}
+    vs.reset_state(vs.VtcState.from_env(env))
+    s = make_scheduler()
+    a = make_req("a", 4)
+    arrive(s, a)
+    running = prefill_pass(s)
+    s.model.tokens = {a.rid: 3}
+    step(s, running)
+    assert core().counter("a") == 4 + 3 * 2.0
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"a": 2, "b": 0.5}))
+    tmp.replace(path)
+    step(s, running)
+    assert (core().weight("a"), core().weight("b")) == (2.0, 0.5)
+    assert core().counter("a") == 10 + 3 * 2.0
+    path.write_text("[]")  # a bad file keeps the weights in force
+    step(s, running)
+    assert core().weight("a") == 2.0
+    assert core().counter("a") == 16 + 3 * 2.0 / 2
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_per_tenant_metrics_follow_sglangs_enable_metrics(enabled: bool) -> None:
     """VTC_METRICS=auto: the series exist when SGLang serves metrics

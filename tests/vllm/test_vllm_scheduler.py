@@ -606,6 +606,35 @@ def test_weights_from_env_and_file(model_dir: str, tmp_path: Path, monkeypatch) 
     assert s.tenant_counters()["gold"] == pytest.approx(40 / 3)
 
 
+def test_a_changed_weights_file_is_reloaded_between_steps(
+    model_dir: str, tmp_path: Path, monkeypatch
+) -> None:
+    """VTC_WEIGHTS_FILE is re-read when it changes (issue 17, item 3): the step that
+    sees the change charges at the old weight, every later token at the new one."""
+    path = tmp_path / "weights.json"
+    path.write_text(json.dumps({"gold": 1}))
+    monkeypatch.setenv("VTC_WEIGHTS_FILE", str(path))
+    monkeypatch.setenv("VTC_WEIGHTS_RELOAD", "1e-9")  # check at every step
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=1))
+    s.add_request(make_request("gold", 30, 5))
+    step(s)  # admitted: its prompt and first token at weight 1
+    assert s.tenant_services()["gold"] == 30 + 2
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"gold": 4, "free": 0.5}))
+    tmp.replace(path)
+    step(s)
+    assert (s.vtc.weight("gold"), s.vtc.weight("free")) == (4.0, 0.5)
+    assert s.tenant_services()["gold"] == 32 + 2
+    run_until_idle(s)
+    assert s.tenant_services()["gold"] == 34 + 3 * 2 / 4
+    path.write_text("{broken")  # a bad file keeps the weights in force
+    s.add_request(make_request("gold", 8, 1))
+    run_until_idle(s)
+    assert s.vtc.weight("gold") == 4.0
+    assert s.tenant_services()["gold"] == 35.5 + (8 + 2) / 4
+    assert_empty(s)
+
+
 def test_weighted_tenant_gets_proportional_admissions(model_dir: str, monkeypatch) -> None:
     monkeypatch.setenv("VTC_WEIGHTS", "gold=2")
     s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=1))
