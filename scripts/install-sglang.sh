@@ -14,8 +14,12 @@
 #      serving stack (flashinfer, sglang-kernel, deep-gemm, ...), which does not
 #      install or run without a GPU.
 #   3. Only the distributions that `sglang.srt.managers.scheduler` needs to
-#      import, each at SGLang's own pin when it declares one, torch held at
-#      2.13.0 by a constraint.
+#      import, and those a real server (`python -m sglang.launch_server`, the
+#      tests in tests/sglang/test_sglang_server.py) needs on top: uvloop,
+#      jsonschema, soundfile, xgrammar, python-multipart (found by starting the
+#      server with each candidate of issue 18's list made unimportable; the
+#      others were not needed). Each at SGLang's own pin when it declares one,
+#      torch held at 2.13.0 by a constraint.
 #   4. vtc itself, editable (`pip install -e .[metrics,redis]`, built by maturin, with
 #      prometheus_client for its per-tenant metrics), pytest and pytest-timeout
 #      (pyproject sets a `timeout`).
@@ -30,11 +34,13 @@ fi
 PY=$1/bin/python
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
-# What `import sglang.srt.managers.scheduler` needs on a CPU-only machine.
+# What `import sglang.srt.managers.scheduler` needs on a CPU-only machine, then what a
+# real server needs on top (last line).
 IMPORT_DEPS="orjson IPython traitlets gguf torchvision pybase64 packaging starlette msgspec
 pydantic pyzmq aiohttp huggingface_hub setproctitle apache-tvm-ffi transformers tokenizers
 python-dateutil dill sentencepiece compressed-tensors openai partial_json_parser einops
-uvicorn fastapi"
+uvicorn fastapi
+uvloop jsonschema soundfile xgrammar python-multipart"
 
 WHAT=SGLang
 # shellcheck source=lib-torch-venv.sh

@@ -922,11 +922,12 @@ class Adapter:
             ) from None
         return TenantMetrics
 
-    def describe(self) -> str:
-        """The settings in one line, for the engine's start-up log."""
+    def describe(self, budget: int | None = None) -> str:
+        """The settings in one line, for the engine's start-up log; ``budget``: the
+        engine's KV budget when the core's ``M`` is not it (SGLang keeps its own)."""
         c = self.config
         line = (
-            f"M={self.core.M} tokens, wp={c.wp:g}, wq={c.wq:g}, "
+            f"M={self.core.M if budget is None else budget} tokens, wp={c.wp:g}, wq={c.wq:g}, "
             f"tenant key {c.tenant_key!r}, weights {dict(c.weights) or 'all 1'}"
         )
         if self.sharing is not None:

@@ -116,9 +116,13 @@ class VtcState:
         n = len(req.origin_input_ids)
         self.adapter.enqueue(id(req), req, fields, n, charged=len(req.output_ids))
 
-    def start_metrics(self, scheduler: Any) -> None:
-        """The per-tenant series (``VTC_METRICS``), on SGLang's ``/metrics`` with
-        ``--enable-metrics``; the fairness bound uses its KV pool size."""
+    def start(self, scheduler: Any) -> None:
+        """The scheduler's first prefill pass (at its first event loop iteration,
+        before any request): the per-tenant series (``VTC_METRICS``), on SGLang's
+        ``/metrics`` with ``--enable-metrics`` (the fairness bound uses its KV pool
+        size), shared counters (``VTC_REDIS_URL``), and the start-up line. SGLang
+        loads plugins before it configures logging, so a line logged by
+        :func:`register` is lost; this one is logged once logging is set up."""
         served = getattr(getattr(scheduler, "metrics_reporter", None), "enable_metrics", False)
         budget = getattr(scheduler, "max_total_num_tokens", None)
         hint = "start SGLang with --enable-metrics"
@@ -128,6 +132,10 @@ class VtcState:
             getattr(scheduler, "pp_size", 1) or 1
         )
         self.adapter.start_sharing(ranks=ranks)
+        logger.info(
+            "vtc: VTC fair scheduling orders this scheduler's waiting queue: %s",
+            self.adapter.describe(budget=budget),
+        )
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""
@@ -249,7 +257,7 @@ def _hook_get_new_batch_prefill_raw(
         return original(scheduler, *args, **kwargs)
     state = get_state()
     if not state.adapter.metrics_decided:
-        _guarded("metrics", lambda: state.start_metrics(scheduler))
+        _guarded("start", lambda: state.start(scheduler))
     if not scheduler.waiting_queue and state.core.num_waiting:
         _guarded("sync", lambda: state.sync_waiting(scheduler.waiting_queue))
     state.in_pass, state.queue = True, None
@@ -368,4 +376,7 @@ def register() -> None:
     for target, hook in HOOKS.items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _registered = True
+    # SGLang configures logging after its plugins load: this line shows only where
+    # logging was set up before (an embedding program); VtcState.start logs the
+    # one a server shows.
     logger.info("vtc: VTC fair scheduling hooks registered: %s", state.adapter.describe())

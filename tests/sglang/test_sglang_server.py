@@ -1,0 +1,259 @@
+"""A real SGLang server on this CPU, with the plugin and without (issue 18).
+
+``python -m sglang.launch_server`` serves a tiny random Llama made here (no
+download) on SGLang's CPU engine with ``--attention-backend torch_native``;
+``tests/sglang/standin`` stands in for ``sgl_kernel``'s CPU build, whose
+functions this path never calls (each raises if it is). One request runs at a
+time (``--max-running-requests 1``), so the order in which the server finishes
+requests is the order it admitted them.
+
+Everything asserted is read from the server's own records: the queue from
+``/v1/loads``, completion times from each response's
+``meta_info.response_sent_to_client_ts`` (stamped by the server), tokens from
+``meta_info``. The client only submits: on two busy cores it may be late, and
+nothing here depends on its timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_model import make_tiny_llama
+
+HERE = Path(__file__).resolve().parent
+STANDIN = HERE / "standin"
+#: a server starts in 40-65 s here, up to 150 s on a loaded machine
+START_DEADLINE = 600.0
+#: a condition on the server's records (a queue length, a response)
+DEADLINE = 600.0
+PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama (float32, 2 layers), saved as a Hugging Face model."""
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+class Server:
+    """One ``sglang.launch_server`` process group, its log in a file."""
+
+    def __init__(self, model: Path, log: Path, *, plugin: bool, env: dict[str, str]) -> None:
+        self.plugin = plugin
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        environ = dict(os.environ)
+        environ.update(
+            SGLANG_USE_CPU_ENGINE="1",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(STANDIN), *filter(None, [environ.get("PYTHONPATH")])]),
+            # SGLang loads every installed plugin unless SGLANG_PLUGINS names some.
+            SGLANG_PLUGINS="vtc" if plugin else "stock-sglang-no-plugin",
+            **env,
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(model),
+            "--device",
+            "cpu",
+            "--skip-tokenizer-init",
+            "--attention-backend",
+            "torch_native",
+            "--dtype",
+            "float32",
+            "--max-total-tokens",
+            "4096",
+            "--max-running-requests",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        self._out = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd, env=environ, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def get(self, path: str, timeout: float = 10.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return json.load(r)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_DEADLINE
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"SGLang exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                self.get("/model_info")
+                return
+            except (OSError, urllib.error.URLError, ValueError):
+                time.sleep(0.5)
+        pytest.fail(f"SGLang did not answer /model_info in {START_DEADLINE:.0f} s:\n{self.tail()}")
+
+    def load(self) -> dict[str, int]:
+        (load,) = self.get("/v1/loads")["loads"]
+        return load
+
+    def wait_for(self, what: str, cond) -> dict[str, int]:
+        """Poll ``/v1/loads`` until ``cond(load)`` holds."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            load = self.load()
+            if cond(load):
+                return load
+            if self.proc.poll() is not None:
+                pytest.fail(f"SGLang exited while waiting for {what}:\n{self.tail()}")
+            time.sleep(0.05)
+        pytest.fail(f"SGLang never reached {what} (last load {load}):\n{self.tail()}")
+
+    def generate(self, tenant: str, max_new_tokens: int, out: dict, name: str) -> threading.Thread:
+        """POST /generate from a thread; its response lands in ``out[name]``."""
+        body = {
+            "input_ids": PROMPT,
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "custom_params": {"tenant": tenant},
+            },
+        }
+
+        def post() -> None:
+            req = urllib.request.Request(
+                self.url + "/generate",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=DEADLINE) as r:
+                    out[name] = json.load(r)
+            except Exception as e:  # reported by the test that reads out[name]
+                out[name] = e
+
+        thread = threading.Thread(target=post, name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=60)
+        self._out.close()
+
+
+@pytest.fixture(scope="module", params=["vtc", "stock"])
+def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
+    plugin = request.param == "vtc"
+    log = tmp_path_factory.mktemp(f"sglang-{request.param}") / "server.log"
+    s = Server(model_dir, log, plugin=plugin, env={"VTC_LOG_INTERVAL": "0"})
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def submit_in_order(server: Server, plan: list[tuple[str, str, int]]) -> dict[str, Any]:
+    """Submit ``plan`` (name, tenant, max_new_tokens) behind a blocker that keeps
+    the one running slot busy, each request only once the server has queued the
+    one before: the server's arrival order is the plan's. Returns the responses."""
+    out: dict[str, Any] = {}
+    threads = [server.generate("blocker", 400, out, "blocker")]
+    server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
+    for i, (name, tenant, tokens) in enumerate(plan):
+        threads.append(server.generate(tenant, tokens, out, name))
+        server.wait_for(f"{i + 1} queued", lambda load, n=i + 1: load["num_waiting_reqs"] >= n)
+    for t in threads:
+        t.join(DEADLINE)
+    for name in ["blocker", *(p[0] for p in plan)]:
+        assert isinstance(out.get(name), dict), f"{name}: {out.get(name)!r}\n{server.tail()}"
+    return out
+
+
+def test_a_late_tenant_is_served_between_the_early_tenants_requests(server):
+    """Six requests of tenant A, then two of B, all queued behind a blocker.
+    Stock SGLang serves them first come, first served: B waits for all of A.
+    With the plugin B's counter is A's at its first request, so B is served
+    as soon as A has had as much: B0 among the first three, B1 among the first
+    five (max-min fair order A0 B0 A1 B1 A2 A3 A4 A5, ties going to A)."""
+    plan = [(f"A{i}", "A", 48) for i in range(6)] + [(f"B{i}", "B", 48) for i in range(2)]
+    out = submit_in_order(server, plan)
+    for name, _, tokens in plan:
+        meta = out[name]["meta_info"]
+        assert meta["completion_tokens"] == tokens and len(out[name]["output_ids"]) == tokens
+        assert meta["prompt_tokens"] == len(PROMPT)
+
+    def sent(name: str) -> float:
+        return out[name]["meta_info"]["response_sent_to_client_ts"]
+
+    done = sorted((p[0] for p in plan), key=sent)
+    assert sent("blocker") < sent(done[0])
+    if not server.plugin:
+        assert done == [f"A{i}" for i in range(6)] + ["B0", "B1"]
+    else:
+        assert done.index("B0") <= 2 and done.index("B1") <= 4, done
+        assert [n for n in done if n.startswith("A")] == [f"A{i}" for i in range(6)]
+        assert done.index("B0") < done.index("B1")
+
+
+def test_greedy_output_is_a_real_forward_of_the_model(server, model_dir):
+    """The served tokens equal transformers' own greedy generate on the same model:
+    the CPU engine really runs the model (the stand-in computes nothing)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    out: dict[str, Any] = {}
+    server.generate("check", 16, out, "check").join(DEADLINE)
+    assert isinstance(out.get("check"), dict), out.get("check")
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    with torch.no_grad():
+        want = model.generate(
+            torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, min_new_tokens=16
+        )[0, len(PROMPT) :].tolist()
+    assert out["check"]["output_ids"] == want
+
+
+def test_the_server_log_says_whether_vtc_orders_the_queue(server):
+    """The start-up line is logged once SGLang has set up its logging (a line
+    logged when the plugin loads would be lost), with SGLang's KV pool size."""
+    out: dict[str, Any] = {}
+    server.generate("probe", 1, out, "probe").join(DEADLINE)
+    assert isinstance(out.get("probe"), dict), out.get("probe")
+    text = server.log.read_text(errors="replace")
+    line = "vtc: VTC fair scheduling orders this scheduler's waiting queue: M=4096 tokens"
+    if server.plugin:
+        assert text.count(line) == 1, server.tail()
+    else:
+        assert "VTC fair scheduling" not in text
