@@ -57,7 +57,15 @@ def model_dir(tmp_path_factory) -> Path:
 class Server:
     """One ``sglang.launch_server`` process group, its log in a file."""
 
-    def __init__(self, model: Path, log: Path, *, plugin: bool, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        model: Path,
+        log: Path,
+        *,
+        plugin: bool,
+        env: dict[str, str],
+        args: tuple[str, ...] = ("--max-running-requests", "1"),
+    ) -> None:
         self.plugin = plugin
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,16 +94,18 @@ class Server:
             "float32",
             "--max-total-tokens",
             "4096",
-            "--max-running-requests",
-            "1",
+            *args,
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
         ]
         self._out = open(log, "w")  # noqa: SIM115 - closed in stop()
+        # Its own process group (to stop it whole) but this session: a new session is
+        # a new scheduler autogroup, whose busy server can starve this client for
+        # seconds at a time on this kernel (see tests/vllm/test_vllm_e2e.py).
         self.proc = subprocess.Popen(
-            cmd, env=environ, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, env=environ, stdout=self._out, stderr=subprocess.STDOUT, process_group=0
         )
 
     def tail(self, n: int = 60) -> str:
@@ -134,10 +144,19 @@ class Server:
             time.sleep(0.05)
         pytest.fail(f"SGLang never reached {what} (last load {load}):\n{self.tail()}")
 
-    def generate(self, tenant: str, max_new_tokens: int, out: dict, name: str) -> threading.Thread:
-        """POST /generate from a thread; its response lands in ``out[name]``."""
+    def generate(
+        self,
+        tenant: str,
+        max_new_tokens: int,
+        out: dict,
+        name: str,
+        prompt: list[int] = PROMPT,
+    ) -> threading.Thread:
+        """POST /generate from a thread (request id ``name``); its response lands in
+        ``out[name]``."""
         body = {
-            "input_ids": PROMPT,
+            "rid": name,
+            "input_ids": prompt,
             "sampling_params": {
                 "max_new_tokens": max_new_tokens,
                 "temperature": 0.0,
@@ -161,6 +180,39 @@ class Server:
         thread = threading.Thread(target=post, name=name, daemon=True)
         thread.start()
         return thread
+
+    def post(self, path: str, body: dict) -> None:
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+
+    def metrics(self) -> dict[tuple[str, frozenset], float]:
+        """The server's /metrics: {(name, {(label, value)}): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def wait_for_metrics(self, what: str, cond) -> dict[tuple[str, frozenset], float]:
+        """Poll /metrics until ``cond(metrics)`` holds."""
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            got = self.metrics()
+            if cond(got):
+                return got
+            if self.proc.poll() is not None:
+                pytest.fail(f"SGLang exited while waiting for {what}:\n{self.tail()}")
+            time.sleep(0.1)
+        pytest.fail(f"/metrics never showed {what}:\n{self.tail()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -257,3 +309,114 @@ def test_the_server_log_says_whether_vtc_orders_the_queue(server):
         assert text.count(line) == 1, server.tail()
     else:
         assert "VTC fair scheduling" not in text
+
+
+# -- the plugin's own records on SGLang's /metrics (--enable-metrics) -------------------
+
+
+@pytest.fixture(scope="module")
+def metrics_server(model_dir, tmp_path_factory) -> Iterator[Server]:
+    """The plugin with SGLang's --enable-metrics: its per-tenant series on SGLang's
+    own /metrics, refreshed at every step; two requests run at a time."""
+    log = tmp_path_factory.mktemp("sglang-metrics") / "server.log"
+    s = Server(
+        model_dir,
+        log,
+        plugin=True,
+        env={"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"},
+        args=("--max-running-requests", "2", "--enable-metrics"),
+    )
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def tokens(m: dict, tenant: str, kind: str) -> float:
+    key = ("vtc_tenant_service_tokens_total", frozenset({("tenant", tenant), ("kind", kind)}))
+    return m.get(key, 0.0)
+
+
+def requests_of(m: dict, tenant: str) -> tuple[float, float]:
+    """(waiting, running) of ``tenant``; a tenant without series has none."""
+    return tuple(
+        m.get(("vtc_tenant_requests", frozenset({("tenant", tenant), ("state", s)})), 0.0)
+        for s in ("waiting", "running")
+    )
+
+
+def test_metrics_charge_what_the_server_computed_and_prefix_hits_are_free(metrics_server):
+    """Two requests of P share a 64-token prefix, one after the other: SGLang's
+    radix cache serves the second's prefix (meta_info.cached_tokens), and the
+    plugin charges only the prompt tokens SGLang computed. Every tenant's
+    series equal the server's own counts once nothing is left in flight."""
+    server = metrics_server
+    prefix = list(range(1, 65))
+    out: dict[str, Any] = {}
+    for i in range(2):
+        server.generate("P", 5, out, f"P{i}", prompt=prefix + [100 + i] * 8).join(DEADLINE)
+    server.generate("Q", 7, out, "Q0", prompt=[300 + i for i in range(20)]).join(DEADLINE)
+    metas = {name: r["meta_info"] for name, r in out.items()}
+    assert metas["P0"]["cached_tokens"] == 0 and metas["P1"]["cached_tokens"] >= 64
+
+    m = server.wait_for_metrics(
+        "P and Q settled",
+        lambda m: (
+            tokens(m, "Q", "decode") == 7 and requests_of(m, "P") == requests_of(m, "Q") == (0, 0)
+        ),
+    )
+    for tenant, names in (("P", ["P0", "P1"]), ("Q", ["Q0"])):
+        computed = sum(metas[n]["prompt_tokens"] - metas[n]["cached_tokens"] for n in names)
+        assert tokens(m, tenant, "prompt") == computed, (tenant, metas)
+        assert tokens(m, tenant, "decode") == sum(metas[n]["completion_tokens"] for n in names)
+    assert tokens(m, "P", "prompt") < 2 * 72  # the hit was not charged
+    bound = m[("vtc_fairness_bound", frozenset())]
+    assert bound == 2 * max(1 * 72, 2 * 4096)  # 2 max(wp L, wq M), M = SGLang's KV pool
+
+
+def test_aborted_requests_leave_no_state_and_are_charged_what_they_got(metrics_server):
+    """Two long requests fill both running slots and a third waits; all three are
+    aborted through SGLang's /abort_request (the waiting one first). Afterwards the
+    plugin holds nothing for them, the waiting one was never charged, and each
+    running one was charged its prompt and the tokens the server reports."""
+    server = metrics_server
+    out: dict[str, Any] = {}
+    threads = []
+    for name in ("R1", "R2", "W"):
+        threads.append(server.generate(name, 1500, out, name, prompt=[7] * 10 + [len(name)] * 6))
+        server.wait_for_metrics(f"{name} tracked", lambda m, n=name: sum(requests_of(m, n)) == 1)
+    server.wait_for_metrics(
+        "R1 and R2 running, W waiting",
+        lambda m: (
+            requests_of(m, "R1") == requests_of(m, "R2") == (0, 1) and requests_of(m, "W") == (1, 0)
+        ),
+    )
+    for name in ("W", "R1", "R2"):
+        server.post("/abort_request", {"rid": name})
+    for t in threads:
+        t.join(DEADLINE)
+    metas = {}
+    for name in ("R1", "R2", "W"):
+        assert isinstance(out.get(name), dict), out.get(name)
+        metas[name] = out[name]["meta_info"]
+        assert metas[name]["finish_reason"]["type"] == "abort", metas[name]
+    assert metas["W"]["completion_tokens"] == 0
+
+    # A scrape reads the scheduler process's series while it may be refreshing
+    # them (one gauge after another), so wait until all of them say it.
+    m = server.wait_for_metrics(
+        "nothing in flight",
+        lambda m: (
+            all(requests_of(m, n) == (0, 0) for n in ("R1", "R2", "W"))
+            and m[("vtc_tenants_active", frozenset())] == 0
+            and tokens(m, "R2", "decode") >= metas["R2"]["completion_tokens"]
+        ),
+    )
+    assert tokens(m, "W", "prompt") == tokens(m, "W", "decode") == 0
+    for name in ("R1", "R2"):
+        meta = metas[name]
+        assert tokens(m, name, "prompt") == meta["prompt_tokens"] - meta["cached_tokens"]
+        # measured equal here; a step already under way when the abort lands may add one
+        got = tokens(m, name, "decode")
+        assert meta["completion_tokens"] <= got <= meta["completion_tokens"] + 1, (name, got, meta)
