@@ -264,9 +264,7 @@ class _VTCMixin:
         self.vtc_adapter.enable_metrics(served=served, budget=capacity, hint=hint)
         # VTC_REDIS_URL: counters shared across replicas (each data-parallel rank is one)
         parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
-        dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
-        rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
-        self.vtc_adapter.start_sharing(suffix=f"-dp{rank}" if dp > 1 else "")
+        self.vtc_adapter.start_sharing(suffix=data_parallel_suffix(parallel))
         if self.policy != SchedulingPolicy.FCFS:
             logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):
@@ -321,6 +319,23 @@ def _async_scheduling(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     """Whether the ``VllmConfig`` a scheduler is built with asks for async scheduling."""
     config = kwargs.get("vllm_config", args[0] if args else None)
     return bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
+
+
+def data_parallel_suffix(parallel_config: Any) -> str:
+    """What a data-parallel rank appends to ``VTC_REPLICA_ID``: ``-dp<k>`` for rank
+    k > 0, nothing for rank 0 (and without data parallelism), so that every rank
+    shares counters as a replica of its own.
+
+    The rank is ``data_parallel_index``: for a dense model vLLM runs each rank as
+    an independent engine and rewrites its parallel config to one rank of one
+    (``data_parallel_size`` 1, ``data_parallel_rank`` 0) before the scheduler is
+    built; only ``data_parallel_index`` keeps the rank (``data_parallel_rank`` is
+    the fallback for configs without it)."""
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    index = int(index or 0)
+    return f"-dp{index}" if index > 0 else ""
 
 
 class VTCScheduler(_VTCMixin, Scheduler):

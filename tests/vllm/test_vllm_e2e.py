@@ -102,8 +102,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextmanager
-def vllm_server(model: Path, log_path: Path, scheduler_cls: str, trace: Path) -> Iterator[str]:
-    """``vllm serve MODEL`` on a free loopback port; yields its base URL."""
+def vllm_server(
+    model: Path,
+    log_path: Path,
+    scheduler_cls: str,
+    trace: Path | None,
+    args: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """``vllm serve MODEL`` on a free loopback port; yields its base URL.
+
+    ``args`` are appended to the command line, ``env_extra`` to its environment;
+    ``trace`` None writes no tenant trace."""
     port = _free_port()
     cmd = [
         sys.executable,
@@ -126,11 +136,14 @@ def vllm_server(model: Path, log_path: Path, scheduler_cls: str, trace: Path) ->
         "--seed",
         "0",
     ]
-    cmd += ["--scheduler-cls", scheduler_cls]
+    cmd += ["--scheduler-cls", scheduler_cls, *args]
     cmd += os.environ.get("VTC_E2E_SERVER_ARGS", "").split()  # e.g. --enable-log-requests
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    env.update(VTC_LOG_INTERVAL="2", VTC_TRACE_FILE=str(trace))
+    env.update(VTC_LOG_INTERVAL="2")
+    if trace is not None:
+        env.update(VTC_TRACE_FILE=str(trace))
+    env.update(env_extra or {})
     # The multiprocess directory through which vLLM's API server serves the
     # engine process's vtc_* series on /metrics (docs/metrics.md); fresh per run.
     metrics_dir = log_path.with_suffix(".prom")

@@ -759,3 +759,21 @@ def test_two_replicas_share_counters_through_redis(
         assert_empty(r1)
     assert first["per-replica"].count("a") == 2  # b, a, b, a
     assert first["shared"].count("a") >= 3, first
+
+
+def test_data_parallel_ranks_get_their_own_replica_suffix() -> None:
+    """vLLM rewrites a dense model's rank to one of one (size 1, rank 0); only
+    data_parallel_index keeps the rank (the real server: tests/vllm/test_vllm_dp.py)."""
+    from types import SimpleNamespace
+
+    from vtc.vllm import data_parallel_suffix
+
+    independent = SimpleNamespace(data_parallel_size=1, data_parallel_rank=0)
+    assert (
+        data_parallel_suffix(SimpleNamespace(**vars(independent), data_parallel_index=1)) == "-dp1"
+    )
+    assert data_parallel_suffix(SimpleNamespace(**vars(independent), data_parallel_index=0)) == ""
+    assert (
+        data_parallel_suffix(SimpleNamespace(data_parallel_size=2, data_parallel_rank=3)) == "-dp3"
+    )
+    assert data_parallel_suffix(None) == ""
