@@ -71,7 +71,14 @@ class _Families:
 
     def __init__(self, registry: Any) -> None:
         reg = {"registry": registry}
-        live = {**reg, "multiprocess_mode": "livemostrecent"}  # a dead engine's go
+        # Several scheduler processes may write one multiprocess directory (vLLM's
+        # data-parallel ranks): a process's gauges go with it ("live"), requests
+        # add up over them, active tenants show the most any one of them has (a
+        # tenant active on two ranks would be counted twice by a sum), and the
+        # rest are each process's own, the most recently written shown.
+        live = {**reg, "multiprocess_mode": "livemostrecent"}
+        summed = {**reg, "multiprocess_mode": "livesum"}
+        most = {**reg, "multiprocess_mode": "livemax"}
         self.service = Counter(
             "vtc_tenant_service_tokens", "Tokens charged to a tenant", ["tenant", "kind"], **reg
         )
@@ -83,13 +90,13 @@ class _Families:
             **live,
         )
         self.requests = Gauge(
-            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **live
+            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **summed
         )
         self.preemptions = Counter(
             "vtc_tenant_preemptions", "Preemptions of a tenant's requests", ["tenant"], **reg
         )
         self.active = Gauge(
-            "vtc_tenants_active", "Tenants with waiting or running requests", **live
+            "vtc_tenants_active", "Tenants with waiting or running requests", **most
         )
         self.jain = Gauge(
             "vtc_fairness_jain_index", "Jain's index of backlogged tenants' service rates", **live
