@@ -132,17 +132,23 @@ class Server:
         (load,) = self.get("/v1/loads")["loads"]
         return load
 
-    def wait_for(self, what: str, cond) -> dict[str, int]:
-        """Poll ``/v1/loads`` until ``cond(load)`` holds."""
+    def poll(self, what: str, read, cond, every: float):
+        """Call ``read()`` every ``every`` seconds until ``cond`` holds for what it
+        returned (which is returned), failing if the server exits or DEADLINE passes:
+        a wait for a condition, the interval only spaces the reads."""
         deadline = time.monotonic() + DEADLINE
         while time.monotonic() < deadline:
-            load = self.load()
-            if cond(load):
-                return load
+            got = read()
+            if cond(got):
+                return got
             if self.proc.poll() is not None:
                 pytest.fail(f"SGLang exited while waiting for {what}:\n{self.tail()}")
-            time.sleep(0.05)
-        pytest.fail(f"SGLang never reached {what} (last load {load}):\n{self.tail()}")
+            time.sleep(every)
+        pytest.fail(f"SGLang never reached {what} (last read {got}):\n{self.tail()}")
+
+    def wait_for(self, what: str, cond) -> dict[str, int]:
+        """Poll ``/v1/loads`` until ``cond(load)`` holds."""
+        return self.poll(what, self.load, cond, every=0.05)
 
     def generate(
         self,
@@ -204,15 +210,7 @@ class Server:
 
     def wait_for_metrics(self, what: str, cond) -> dict[tuple[str, frozenset], float]:
         """Poll /metrics until ``cond(metrics)`` holds."""
-        deadline = time.monotonic() + DEADLINE
-        while time.monotonic() < deadline:
-            got = self.metrics()
-            if cond(got):
-                return got
-            if self.proc.poll() is not None:
-                pytest.fail(f"SGLang exited while waiting for {what}:\n{self.tail()}")
-            time.sleep(0.1)
-        pytest.fail(f"/metrics never showed {what}:\n{self.tail()}")
+        return self.poll(f"{what} on /metrics", self.metrics, cond, every=0.1)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
