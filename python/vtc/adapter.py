@@ -780,7 +780,6 @@ class Adapter:
         observers: Iterable[Observer] = (),
     ) -> None:
         self.core = core
-        self.config = config
         self._log = log or _log
         self.trace = TenantTrace.from_config(config)
         trace = () if self.trace is None else (self.trace,)
@@ -799,6 +798,12 @@ class Adapter:
         #: the shared counters (:class:`vtc.sharing.SharedCounterSync`) once started
         self.sharing: Any = None
         self.sharing_decided = False
+
+    @property
+    def config(self) -> EngineConfig:
+        """The configuration in force: :class:`Tenancy`'s, which a weights reload
+        replaces (one copy, so nothing can read stale weights)."""
+        return self.tenancy.config
 
     def start_sharing(self, *, ranks: int = 1, suffix: str = "") -> Any:
         """Share the counters through Redis if ``config.shared`` says so (``VTC_REDIS_URL``):
@@ -937,8 +942,8 @@ class Adapter:
     def step_done(self) -> None:
         """The engine finished a step: the observers (the trace writes a record
         if its interval has passed), then the log line if its interval has."""
-        if self.config.weights_file is not None and self.tenancy.reload_weights():
-            self.config = self.tenancy.config
+        if self.config.weights_file is not None:
+            self.tenancy.reload_weights()
         if self.observers:
             self.observers.notify("stepped", self)
         self.maybe_log()
