@@ -30,7 +30,7 @@ def _apply(s, op, args):
         return ("err", "TypeError")
 
 
-def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int):
+def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int, bands=None):
     r = rng.random()
     if r < 0.30:
         if rng.random() < 0.05 and known:
@@ -40,6 +40,10 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
             rid = next_rid[0]
             known.append(rid)
         p = rng.choice([1, 2, 5, 16, 40, M // 3, M // 2, M, M + 1, 0, -3, rng.randint(1, M)])
+        if bands is not None:  # priority bands (sometimes a bad priority)
+            cached = rng.choice([None, 0, rng.randint(0, max(p, 0))])
+            predicted = rng.choice([None, None, None, 0, 8, -1])
+            return "submit", (rid, rng.choice(CLIENTS), p, cached, predicted, rng.choice(bands))
         if rng.random() < 0.2:  # a predicted output length (sometimes an invalid one)
             cached = rng.choice([None, 0, rng.randint(0, max(p, 0))])
             return "submit", (rid, rng.choice(CLIENTS), p, cached, rng.choice([-1, 0, 1, 3, 8, 40]))
@@ -125,10 +129,14 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
     else:
         fast = vtc.Scheduler(M, wp, wq, policy, **kwargs)
         ref = reference.Scheduler(M, wp, wq, policy, **kwargs)
+    # a third of the sequences submit in priority bands
+    bands = None
+    if rng.random() < 0.35:
+        bands = [0, 0, 0, 1, 1, -2, 7, None] + [2**63] * (rng.random() < 0.1)
     known: list[int] = []
     next_rid = [0]
     for i in range(n_ops):
-        op, args = _random_op(rng, known, next_rid, M)
+        op, args = _random_op(rng, known, next_rid, M, bands)
         got = _apply(fast, op, args)
         want = _apply(ref, op, args)
         assert got == want, f"seed {seed} op {i}: {op}{args}: core {got} != reference {want}"

@@ -82,11 +82,17 @@ class EngineMachine(RuleBasedStateMachine):
         got = [outcome(lambda s=s: getattr(s, op)(*make_args())) for s in self.pair]
         assert got[0] == got[1], f"{op}: core {got[0]} != reference {got[1]}"
 
-    @rule(client=CLIENTS, prompt=st.sampled_from([1, 5, 40, 2**40]), cached=st.booleans())
-    def submit(self, client, prompt, cached):
+    @rule(
+        client=CLIENTS,
+        prompt=st.sampled_from([1, 5, 40, 2**40]),
+        cached=st.booleans(),
+        priority=st.sampled_from([None, 0, 0, 1, -3, 2**63 - 1, 2**63]),
+    )
+    def submit(self, client, prompt, cached, priority):
         self.next_rid += 1
         self.rids.append(self.next_rid)
-        self.both("submit", self.next_rid, client, prompt, prompt // 2 if cached else None)
+        cached_len = prompt // 2 if cached else None
+        self.both("submit", self.next_rid, client, prompt, cached_len, None, priority)
 
     @rule(cached=st.one_of(st.none(), st.integers(-1, 50), st.just(2**70)))
     def pop(self, cached):

@@ -239,12 +239,20 @@ class Scheduler:
         prompt_len: int,
         cached_len: int | None = None,
         predicted_output: int | None = None,
+        priority: int | None = None,
     ) -> None:
         """Queue a request. ``request_id`` must not be live; ``1 <= prompt_len <= M``.
 
         ``cached_len`` prompt tokens (``0 <= cached_len <= prompt_len``, default 0) are
         a prefix-cache hit: they count in the KV budget but are not charged. A client
-        with nothing waiting is first lifted to the floor (under ``"vtc"``).
+        with nothing waiting in the request's band is first lifted to the floor (under
+        ``"vtc"``): the least counter of that band, or of all bands when nobody waits
+        in it.
+
+        ``priority`` (a 64-bit int, default 0; smaller is more urgent, as in vLLM):
+        strict bands. A request is admitted only when no more urgent request waits;
+        inside a band the least counter goes first; a client has one counter across
+        bands. Preemption by ``decode()`` evicts from the least urgent band first.
 
         ``predicted_output`` (oracle or user prediction, ``0..=MAX_TOKENS_PER_CALL``):
         the cost of that many output tokens is charged at first admission, decode then

@@ -17,27 +17,38 @@ The rules
   ``T`` is the integer number of tokens that
   client's requests generated in that call (summing integers first keeps the
   result independent of iteration order).
-* A client is *backlogged* while it has waiting requests.  ``schedule()``
-  repeatedly takes the backlogged client with the smallest key, where the key
-  is ``(counter, seq of its head request)`` for ``vtc``/``lcf`` and
-  ``(seq of its head request,)`` for ``fcfs``, and admits its oldest waiting
-  request if ``occupancy + footprint <= M`` (footprint = prompt + tokens
-  generated so far, which is non-zero only for a preempted request).  The
-  first request that does not fit stops admission: no skipping.
-* The lift (``vtc`` only): when a client with no waiting request submits one,
-  ``counter = max(counter, min counter over backlogged clients)``, or, when no
-  client is backlogged, ``max(counter, counter of the client that most
-  recently left the backlog)``.  A client leaves the backlog when its last
-  waiting request is admitted, set aside or cancelled.
+* Priority bands: every request has a ``priority`` (``submit(...,
+  priority=0)``, a signed 64-bit int; smaller is more urgent, as in vLLM).
+  Each client keeps one queue of waiting requests per priority, in submit
+  order.  A client is *backlogged in band p* while it has waiting requests of
+  priority ``p``, and *backlogged* while it has any.
+* ``schedule()`` repeatedly takes the most urgent band ``p*`` (the smallest
+  priority of any waiting request), the client backlogged in ``p*`` with the
+  smallest key, where the key is ``(counter, seq of its head request in p*)``
+  for ``vtc``/``lcf`` and ``(seq of that request,)`` for ``fcfs``, and admits
+  that head request if ``occupancy + footprint <= M`` (footprint = prompt +
+  tokens generated so far, which is non-zero only for a preempted request).
+  The first request that does not fit stops admission: no skipping, so a less
+  urgent request never overtakes a more urgent one.  ``peek()``, ``pop()``
+  and ``set_aside()`` name the same request as ``schedule()`` would.
+* The lift (``vtc`` only): when a client submits a request of priority ``p``
+  while it has no waiting request of priority ``p``, ``counter = max(counter,
+  floor)``, the floor being the min counter over clients backlogged in band
+  ``p``; if there are none, over all backlogged clients (any band); if none
+  is backlogged, the counter of the client that most recently left the
+  backlog; if there is no such client, there is no lift.  A client leaves the
+  backlog when its last waiting request (of any band) is admitted, set aside
+  or cancelled.  With every priority equal this is the plain VTC lift.
 * ``set_aside()`` takes the request ``peek()`` names out of its client's queue
   without admitting or charging it (an engine skipped it); ``put_back(rid)``
-  returns it to the head of that queue with its submit seq and without a lift,
-  so no counter changes (its client was set aside, not idle).
+  returns it to the head of its band's queue with its submit seq and without a
+  lift, so no counter changes (its client was set aside, not idle).
 * ``decode()`` without arguments is one engine iteration: each running request
   generates one token.  If the batch would outgrow ``M``, running requests are
-  preempted first, from the client with the largest counter (latest admission
-  among equals; under ``fcfs`` simply the latest admission): back to the head
-  of their client's queue, never charged again for what they already paid.
+  preempted first from the least urgent band (largest priority), within it
+  from the client with the largest counter (latest admission among equals;
+  under ``fcfs`` simply the latest admission): back to the head of their
+  band's queue without a lift, never charged again for what they already paid.
   If the last remaining request alone cannot grow, ``CapacityError`` is
   raised and nothing changes.
 * ``decode(request_ids, tokens)`` records what an engine produced; the engine
@@ -65,8 +76,8 @@ depend on the order of the requests in the call.
 
 Arguments and errors
 --------------------
-Numbers: an integer argument is an ``int`` or has ``__index__`` (numpy
-integers), never a ``bool``; a real-number argument (``weight``, ``value``,
+Numbers: an integer argument (``priority`` included) is an ``int`` or has
+``__index__`` (numpy integers), never a ``bool``; a real-number argument (``weight``, ``value``,
 ``wp``, ``wq``) is an ``int``, a ``float`` or any ``numbers.Real`` (``Fraction``,
 numpy floats), converted with ``float()``; anything else (``Decimal``, ``str``)
 is a ``TypeError``. A value of the right type outside its range (an ``int`` too
@@ -87,9 +98,11 @@ charged. ``pop(cached_len)`` on an empty queue returns ``None`` without
 looking at ``cached_len``.
 
 Per-client cap (``client_cap=``): in ``schedule()`` a client is eligible when
-it has nothing running or its running tokens plus its head request's
-footprint are within the cap; ineligible clients are left out of selection
-for the rest of the call, and "no skipping" applies among the eligible ones.
+it has nothing running or its running tokens plus the footprint of the
+request selection would take (its head in ``p*``) are within the cap;
+ineligible clients are left out of selection, in every band, for the rest of
+the call (``p*`` is then taken over the remaining clients' requests), and "no
+skipping" applies among the eligible ones.
 
 Length prediction (``submit(..., predicted_output=p)``, or ``predictor="mean"``
 for requests without one: the client's moving average of finished output
@@ -202,7 +215,9 @@ class _Client:
     service: float = 0.0
     weight: float = 1.0
     inv_w: float = 1.0
-    queue: deque = field(default_factory=deque)  # request ids, oldest first
+    # its waiting request ids per priority band, head first; an empty band is
+    # dropped, so ``not bands`` means the client is not backlogged
+    bands: dict = field(default_factory=dict)  # priority -> deque
     occupancy: int = 0  # KV tokens of its running requests
     credit: float = 0.0  # refunded over-prediction not yet absorbed
     mean_output: float | None = None  # "mean" predictor
@@ -224,6 +239,7 @@ class _Request:
     admit_seq: int = 0
     predicted_given: int | None = None
     predicted: int = 0  # output tokens pre-charged at first admission
+    priority: int = 0  # its band: smaller is more urgent
 
 
 def _as_int(name: str, value) -> int:
@@ -374,7 +390,7 @@ class Scheduler:
     # -- read-only views ---------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return sum(len(c.queue) for c in self._clients.values())
+        return sum(len(q) for c in self._clients.values() for q in c.bands.values())
 
     @property
     def num_running(self) -> int:
@@ -454,36 +470,65 @@ class Scheduler:
         return raised
 
     # -- the policy --------------------------------------------------------
-    def _backlogged(self) -> list:
-        return [k for k, c in self._clients.items() if c.queue]
+    def _backlogged(self, band=None) -> list:
+        """The clients with waiting requests (of priority ``band`` if given)."""
+        if band is None:
+            return [k for k, c in self._clients.items() if c.bands]
+        return [k for k, c in self._clients.items() if band in c.bands]
 
-    def _key(self, k):
+    def _enqueue(self, r: _Request, head: bool = False) -> None:
+        """Into its client's queue of its band: at the tail, or back at the head."""
+        q = self._clients[r.client].bands.setdefault(r.priority, deque())
+        if head:
+            q.appendleft(r.rid)
+        else:
+            q.append(r.rid)
+
+    def _dequeue(self, r: _Request) -> None:
+        """Out of its band's queue (admitted, set aside or cancelled); a client whose
+        last waiting request it was leaves the backlog."""
+        c = self._clients[r.client]
+        q = c.bands[r.priority]
+        q.remove(r.rid)
+        if not q:
+            del c.bands[r.priority]
+        if not c.bands:
+            self._last_left = r.client
+
+    def _key(self, k, band):
         c = self._clients[k]
-        head_seq = self._requests[c.queue[0]].seq
+        head_seq = self._requests[c.bands[band][0]].seq
         if self.policy == "fcfs":
             return (head_seq,)
         return (c.counter, head_seq)
 
-    def _eligible(self, k) -> bool:
+    def _eligible(self, k, rid) -> bool:
         """Within the per-client cap (a client with nothing running always is)."""
         if self.client_cap is None:
             return True
         c = self._clients[k]
-        r = self._requests[c.queue[0]]
-        running = any(self._requests[rid].client == k for rid in self._running)
+        r = self._requests[rid]
+        running = any(self._requests[x].client == k for x in self._running)
         return not running or c.occupancy + r.prompt + r.generated <= self.client_cap
 
     def _select(self, exclude=()):
+        """``(client, request id)`` next in line, or None: the most urgent band among
+        the clients not excluded, the least key in that band, its head request."""
         backlog = [k for k in self._backlogged() if k not in exclude]
         if not backlog:
             return None
-        return min(backlog, key=self._key)
+        band = min(p for k in backlog for p in self._clients[k].bands)
+        k = min(
+            (k for k in backlog if band in self._clients[k].bands),
+            key=lambda k: self._key(k, band),
+        )
+        return k, self._clients[k].bands[band][0]
 
-    def _lift(self, k) -> None:
-        """place_entity: a client re-entering the backlog never keeps credit
-        banked while it was idle, and is never moved backwards."""
+    def _lift(self, k, band) -> None:
+        """place_entity: a client entering a band never keeps credit banked while
+        it was idle there, and is never moved backwards."""
         c = self._clients[k]
-        backlog = self._backlogged()
+        backlog = self._backlogged(band) or self._backlogged()
         if backlog:
             floor = min(self._clients[b].counter for b in backlog)
         elif self._last_left is not None:
@@ -499,7 +544,7 @@ class Scheduler:
             c.counter = max(c.counter, floor)
 
     def submit(
-        self, request_id, client, prompt_len, cached_len=None, predicted_output=None
+        self, request_id, client, prompt_len, cached_len=None, predicted_output=None, priority=None
     ) -> None:
         rid = _check_request_id(request_id)
         client = _check_client(client)
@@ -508,8 +553,14 @@ class Scheduler:
         predicted = None
         if predicted_output is not None:
             predicted = _as_int("predicted_output", predicted_output)
-            if not 0 <= predicted <= MAX_TOKENS_PER_CALL:
-                raise InvalidArgumentError(f"bad predicted_output {predicted}")
+            if not -(2**63) <= predicted < 2**63:
+                raise InvalidArgumentError(f"predicted_output {predicted} does not fit in 64 bits")
+        # the arguments are converted (type, 64-bit range) in order, then their values checked
+        priority = 0 if priority is None else _as_int("priority", priority)
+        if not -(2**63) <= priority < 2**63:
+            raise InvalidArgumentError(f"priority {priority} does not fit in 64 bits")
+        if predicted is not None and not 0 <= predicted <= MAX_TOKENS_PER_CALL:
+            raise InvalidArgumentError(f"bad predicted_output {predicted}")
         prompt_len = _check_int("prompt_len", prompt_len, 1)
         if prompt_len > self.M:
             raise InvalidArgumentError(
@@ -523,13 +574,14 @@ class Scheduler:
         if rid in self._requests:
             raise DuplicateRequestError(f"request {rid} is already live")
         c = self._clients.setdefault(client, _Client())
-        if not c.queue and self.policy == "vtc":
-            self._lift(client)
+        if priority not in c.bands and self.policy == "vtc":
+            self._lift(client, priority)
         self._seq += 1
-        self._requests[rid] = _Request(
-            rid, client, prompt_len, self._seq, cached, predicted_given=predicted
+        r = _Request(
+            rid, client, prompt_len, self._seq, cached, predicted_given=predicted, priority=priority
         )
-        c.queue.append(rid)
+        self._requests[rid] = r
+        self._enqueue(r)
 
     def _charge(self, c: _Client, amount: float) -> None:
         if c.credit > 0.0:
@@ -539,10 +591,10 @@ class Scheduler:
         c.counter += amount
         c.service += amount
 
-    def _admit(self, k) -> int:
-        c = self._clients[k]
-        rid = c.queue.popleft()
+    def _admit(self, rid) -> int:
         r = self._requests[rid]
+        c = self._clients[r.client]
+        self._dequeue(r)
         self.occupancy += r.prompt + r.generated
         c.occupancy += r.prompt + r.generated
         if not r.prefill_paid:
@@ -561,66 +613,64 @@ class Scheduler:
         self._admit_seq += 1
         r.admit_seq = self._admit_seq
         self._running.append(rid)
-        if not c.queue:
-            self._last_left = k
         return rid
 
     def schedule(self) -> list[int]:
         admitted = []
         capped = set()  # clients at their cap: out of selection for this call
         while True:
-            k = self._select(capped)
-            if k is None:
+            picked = self._select(capped)
+            if picked is None:
                 break
-            if not self._eligible(k):
+            k, rid = picked
+            if not self._eligible(k, rid):
                 capped.add(k)
                 continue
-            r = self._requests[self._clients[k].queue[0]]
+            r = self._requests[rid]
             if self.occupancy + r.prompt + r.generated > self.M:
                 break
-            admitted.append(self._admit(k))
+            admitted.append(self._admit(rid))
         return admitted
 
     def peek(self) -> int | None:
-        k = self._select()
-        return None if k is None else self._clients[k].queue[0]
+        picked = self._select()
+        return None if picked is None else picked[1]
 
     def pop(self, cached_len=None) -> int | None:
-        k = self._select()
-        if k is None:
+        picked = self._select()
+        if picked is None:
             return None
+        rid = picked[1]
         if cached_len is not None:
             cached = _as_int("cached_len", cached_len)
-            r = self._requests[self._clients[k].queue[0]]
+            r = self._requests[rid]
             if not 0 <= cached <= r.prompt:
                 raise InvalidArgumentError(
                     f"cached_len must be between 0 and prompt_len={r.prompt}, got {cached}"
                 )
             r.cached = cached
-        return self._admit(k)
+        return self._admit(rid)
 
     def set_aside(self) -> int | None:
         """Take the request ``peek()`` names out of its client's queue: not admitted,
         not charged, its place kept for ``put_back``."""
-        k = self._select()
-        if k is None:
+        picked = self._select()
+        if picked is None:
             return None
-        c = self._clients[k]
-        rid = c.queue.popleft()
-        self._requests[rid].aside = True
-        if not c.queue:
-            self._last_left = k  # it left the backlog, as an admission would
-        return rid
+        r = self._requests[picked[1]]
+        self._dequeue(r)  # may leave the backlog, as an admission would
+        r.aside = True
+        return r.rid
 
     def put_back(self, request_id) -> None:
-        """Back to the head of its client's queue with its place; nothing charged and
-        no lift: it was set aside, not idle."""
+        """Back to the head of its client's queue of its band with its place; nothing
+        charged and no lift: it was set aside, not idle."""
         r = self._get(request_id)
         if not r.aside:
             now = "running" if r.running else "waiting"
             raise RequestStateError(f"cannot put back request {r.rid}: it is {now}, not set aside")
         r.aside = False
-        self._clients[r.client].queue.appendleft(r.rid)
+        self._enqueue(r, head=True)
 
     def _get(self, rid) -> _Request:
         rid = _check_request_id(rid)
@@ -737,11 +787,13 @@ class Scheduler:
     def _decode_all(self) -> list[int]:
         victims = []
         if self.occupancy + len(self._running) > self.M:
-            # Evict from the most-served client first, latest admission first
-            # (fcfs, the baseline, evicts like a plain engine: latest first).
+            # Evict from the least urgent band first, then the most-served
+            # client, latest admission first (fcfs, the baseline, evicts like a
+            # plain engine within a band: latest first).
             order = sorted(
                 self._running,
                 key=lambda rid: (
+                    self._requests[rid].priority,
                     0.0
                     if self.policy == "fcfs"
                     else self._clients[self._requests[rid].client].counter,
@@ -777,10 +829,10 @@ class Scheduler:
         r.running = False
         self.occupancy -= r.prompt + r.generated
         self._clients[r.client].occupancy -= r.prompt + r.generated
-        # Back to the head of its client's queue; it keeps its submit seq, so
-        # it stays ahead of the client's later requests.  No lift: the client
-        # was being served, not idle.
-        self._clients[r.client].queue.appendleft(r.rid)
+        # Back to the head of its client's queue of its band; it keeps its
+        # submit seq, so it stays ahead of the client's later requests.  No
+        # lift: the client was being served, not idle.
+        self._enqueue(r, head=True)
 
     def finish(self, request_id) -> None:
         r = self._get_running(request_id, "finish")
@@ -800,10 +852,7 @@ class Scheduler:
         elif r.aside:
             pass  # out of every queue already
         else:
-            c = self._clients[r.client]
-            c.queue.remove(r.rid)
-            if not c.queue:
-                self._last_left = r.client
+            self._dequeue(r)
         del self._requests[r.rid]
 
     def clients(self) -> list:

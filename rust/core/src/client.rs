@@ -1,11 +1,9 @@
 //! Per-client state: the virtual counter, the service actually delivered, the
-//! weight (with its inverse precomputed, as dmclock does), the FIFO of waiting
-//! requests, the client's position in the backlog heap, and the tally of the
-//! raw tokens it was charged.
+//! weight (with its inverse precomputed, as dmclock does), the list of its
+//! entities (its waiting requests, one FIFO per priority band; see `band`),
+//! and the tally of the raw tokens it was charged.
 
-use std::collections::VecDeque;
-
-use crate::heap::{Positions, NOT_IN_HEAP};
+use crate::band::NO_ENTITY;
 
 /// Dense client handle issued by [`crate::Scheduler::add_client`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,19 +27,14 @@ pub struct Client {
     pub(crate) weight: f64,
     /// `1 / weight`, so a charge is one multiplication.
     pub(crate) inv_w: f64,
-    /// Waiting requests, oldest first; the front entry is always live while
-    /// `n_waiting > 0`.
-    pub(crate) queue: VecDeque<QueueEntry>,
-    /// Live entries in `queue`.
+    /// First of its entities (one per band it waits in), or `NO_ENTITY`.
+    pub(crate) entities: u32,
+    /// Waiting requests, over all its entities.
     pub(crate) n_waiting: usize,
     /// Requests of this client that are running.
     pub(crate) n_running: usize,
     /// Requests of this client set aside (`Scheduler::set_aside`).
     pub(crate) n_aside: usize,
-    /// Submit sequence of the head request (valid while backlogged).
-    pub(crate) head_seq: u64,
-    /// Position in the backlog heap, or `NOT_IN_HEAP`.
-    pub(crate) heap_pos: u32,
     /// Scratch: tokens to charge from the decode call being applied (the
     /// other integer aggregates of a non-linear cost live beside the clients,
     /// in `Scheduler::extra`, to keep this struct small).
@@ -68,12 +61,10 @@ impl Default for Client {
             service: 0.0,
             weight: 1.0,
             inv_w: 1.0,
-            queue: VecDeque::new(),
+            entities: NO_ENTITY,
             n_waiting: 0,
             n_running: 0,
             n_aside: 0,
-            head_seq: 0,
-            heap_pos: NOT_IN_HEAP,
             pending_tokens: 0,
             occupancy: 0,
             credit: 0.0,
@@ -134,16 +125,5 @@ impl Client {
     #[inline]
     pub fn is_backlogged(&self) -> bool {
         self.n_waiting > 0
-    }
-}
-
-impl Positions for [Client] {
-    #[inline(always)]
-    fn set_pos(&mut self, id: u32, pos: u32) {
-        self[id as usize].heap_pos = pos;
-    }
-    #[inline(always)]
-    fn pos(&self, id: u32) -> u32 {
-        self[id as usize].heap_pos
     }
 }

@@ -17,6 +17,7 @@
 //! assert_eq!(s.counter(a).unwrap(), 100.0 + 2.0);
 //! ```
 
+mod band;
 mod client;
 mod cost;
 mod error;

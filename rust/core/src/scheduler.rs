@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 
+use crate::band::{Band, Entity, NO_ENTITY};
 use crate::client::{Client, ClientId, QueueEntry};
 use crate::cost::{Cost, Pending};
 use crate::error::{CoreError, Op, Result};
-use crate::heap::{IndexedHeap, Key, NOT_IN_HEAP};
+use crate::heap::{Key, NOT_IN_HEAP};
 use crate::limits::{
     price_ok, weight_ok, MAX_BUDGET, MAX_COUNTER, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL,
 };
@@ -95,6 +96,8 @@ struct Request {
     generated: u64,
     /// Global submit order; the tie-break between equal counters.
     seq: u64,
+    /// Priority band (smaller is more urgent; see `band`).
+    priority: i64,
     /// Global admission order; running requests are kept sorted by it.
     admit_seq: u64,
     /// Last decode call that touched this request (duplicate detection).
@@ -202,7 +205,16 @@ pub struct Scheduler {
     predictor: Predictor,
     policy: Policy,
     clients: Vec<Client>,
-    heap: IndexedHeap,
+    /// Priority bands by index; `order` lists the live ones, most urgent
+    /// first. A band lives while a client waits in it.
+    bands: Vec<Band>,
+    order: Vec<u32>,
+    free_bands: Vec<u32>,
+    /// (client, band) entities by index (see `band`); freed ones are reused.
+    entities: Vec<Entity>,
+    free_entities: Vec<u32>,
+    /// Clients with waiting requests.
+    n_backlogged: usize,
     requests: Vec<Request>,
     free_slots: Vec<u32>,
     index: IdMap<u32>,
@@ -224,12 +236,12 @@ pub struct Scheduler {
     /// Scratch list of clients touched by a decode call (kept to avoid allocating).
     touched: Vec<u32>,
     /// Scratch for choosing preemption victims.
-    victims: Vec<(f64, u64, u32)>,
+    victims: Vec<(i64, f64, u64, u32)>,
     /// Scratch: the slots of a decode call's requests.
     slots: Vec<u32>,
     /// Ids of forgotten clients, reused by `add_client`.
     free_clients: Vec<u32>,
-    /// Scratch: clients set aside by `schedule` while at their cap.
+    /// Scratch: entities set aside by `schedule` while their client is at its cap.
     parked: Vec<u32>,
     /// Scratch, by client id: a non-linear cost's decode aggregates.
     extra: Vec<Pending>,
@@ -257,7 +269,12 @@ impl Scheduler {
             predictor: Predictor::None,
             policy,
             clients: Vec::new(),
-            heap: IndexedHeap::new(),
+            bands: Vec::new(),
+            order: Vec::new(),
+            free_bands: Vec::new(),
+            entities: Vec::new(),
+            free_entities: Vec::new(),
+            n_backlogged: 0,
             requests: Vec::new(),
             free_slots: Vec::new(),
             index: IdMap::default(),
@@ -362,7 +379,12 @@ impl Scheduler {
     }
     /// Clients with waiting requests.
     pub fn num_backlogged(&self) -> usize {
-        self.heap.len()
+        self.n_backlogged
+    }
+
+    /// Priority bands with waiting requests, most urgent first.
+    pub fn num_bands(&self) -> usize {
+        self.order.len()
     }
 
     pub fn client(&self, c: ClientId) -> Result<&Client> {
@@ -562,15 +584,16 @@ impl Scheduler {
      * forget_idle: bounded memory under client churn.
      *
      * Let L = min(floor, min counter of clients with running or set-aside
-     * requests), where floor is the least backlogged counter (or the
-     * last-left client's when nobody waits). Every client that will ever be
+     * requests), where floor is the least backlogged counter over every
+     * band (or the last-left client's when nobody waits). Every client that will ever be
      * backlogged or running again has a counter >= L: backlogged, running and
      * set-aside clients already do, counters only grow, a client re-entering
      * the backlog without a lift (through preemption or put_back) is one that
      * is running or set aside now or was admitted or set aside later (from
      * the backlog, so at a counter >= the floor then), and a client entering
-     * through submit is lifted to a floor that, by the same argument, is >= L
-     * (or, with nobody backlogged, to the last-left client's counter, >= L).
+     * through submit is lifted to a floor (the least counter of its band, or
+     * of all bands) that, by the same argument, is >= L (or, with nobody
+     * backlogged, to the last-left client's counter, >= L).
      * Before anyone was ever admitted there is no lift at all, so L = 0.
      * So a client with nothing waiting or running, counter <= L, default
      * weight, and which is not the lift's last-left reference, would be
@@ -600,8 +623,8 @@ impl Scheduler {
             Policy::Lcf => return 0,
             Policy::Fcfs => f64::INFINITY,
             Policy::Vtc => {
-                let floor = match (self.heap.top(), self.last_left) {
-                    (Some((_, key)), _) => key.counter,
+                let floor = match (self.least_backlogged(), self.last_left) {
+                    (Some(least), _) => least,
                     (None, Some(l)) => self.clients[l as usize].counter,
                     // nobody was ever admitted: a returning client is not lifted
                     // at all, so only a client still at 0 is like a new one
@@ -638,25 +661,187 @@ impl Scheduler {
 
     // --------------------------------------------------------------- policy
 
+    /// An entity's heap key: its client's counter and its head's submit seq.
     #[inline(always)]
-    fn key_of(&self, c: u32) -> Key {
-        let cl = &self.clients[c as usize];
+    fn key_of(&self, e: u32) -> Key {
+        let en = &self.entities[e as usize];
         Key {
             counter: if self.policy == Policy::Fcfs {
                 0.0
             } else {
-                cl.counter
+                self.clients[en.client as usize].counter
             },
-            seq: cl.head_seq,
+            seq: en.head_seq,
         }
     }
 
-    /// Restore `c`'s heap position after its counter or head changed.
+    /// Restore entity `e`'s heap position after its head or counter changed.
+    #[inline(always)]
+    fn adjust_entity(&mut self, e: u32) {
+        let en = &self.entities[e as usize];
+        if en.heap_pos != NOT_IN_HEAP {
+            let b = en.band as usize;
+            let key = self.key_of(e);
+            self.bands[b].heap.update(e, key, &mut self.entities[..]);
+        }
+    }
+
+    /// Restore the heap position of each of `c`'s entities after its
+    /// counter changed (one entity per band it waits in).
     #[inline(always)]
     fn adjust(&mut self, c: u32) {
-        if self.clients[c as usize].heap_pos != NOT_IN_HEAP {
-            let key = self.key_of(c);
-            self.heap.update(c, key, &mut self.clients[..]);
+        let cl = &self.clients[c as usize];
+        let counter = if self.policy == Policy::Fcfs {
+            0.0
+        } else {
+            cl.counter
+        };
+        let mut e = cl.entities;
+        while e != NO_ENTITY {
+            let en = &self.entities[e as usize];
+            let (pos, b, seq, next) = (en.heap_pos, en.band, en.head_seq, en.next);
+            if pos != NOT_IN_HEAP {
+                let key = Key { counter, seq };
+                self.bands[b as usize]
+                    .heap
+                    .update(e, key, &mut self.entities[..]);
+            }
+            e = next;
+        }
+    }
+
+    /// The least counter over every backlogged client (all bands).
+    fn least_backlogged(&self) -> Option<f64> {
+        self.order
+            .iter()
+            .filter_map(|&b| self.bands[b as usize].heap.top())
+            .map(|(_, key)| key.counter)
+            .reduce(f64::min)
+    }
+
+    /// The live band of `priority`, if a client waits in it.
+    #[inline]
+    fn find_band(&self, priority: i64) -> Option<u32> {
+        self.order
+            .iter()
+            .copied()
+            .find(|&b| self.bands[b as usize].priority == priority)
+    }
+
+    /// The entity of client `c` in band `priority`, if it waits there.
+    #[inline]
+    fn entity_of(&self, c: u32, priority: i64) -> Option<u32> {
+        let mut e = self.clients[c as usize].entities;
+        while e != NO_ENTITY {
+            let en = &self.entities[e as usize];
+            if self.bands[en.band as usize].priority == priority {
+                return Some(e);
+            }
+            e = en.next;
+        }
+        None
+    }
+
+    /// A new entity of client `c` in band `priority` (the band is created in
+    /// priority order if nobody waits in it), linked first in the client's
+    /// list, empty and not yet in the band heap.
+    fn add_entity(&mut self, c: u32, priority: i64) -> u32 {
+        let b = match self
+            .order
+            .binary_search_by_key(&priority, |&b| self.bands[b as usize].priority)
+        {
+            Ok(i) => self.order[i],
+            Err(i) => {
+                let b = match self.free_bands.pop() {
+                    Some(b) => b,
+                    None => {
+                        self.bands.push(Band::default());
+                        (self.bands.len() - 1) as u32
+                    }
+                };
+                self.bands[b as usize].priority = priority;
+                self.order.insert(i, b);
+                b
+            }
+        };
+        self.bands[b as usize].n_entities += 1;
+        let next = self.clients[c as usize].entities;
+        let e = match self.free_entities.pop() {
+            Some(e) => {
+                let en = &mut self.entities[e as usize];
+                en.client = c;
+                en.band = b;
+                en.n_waiting = 0;
+                en.heap_pos = NOT_IN_HEAP;
+                e
+            }
+            None => {
+                let e = u32::try_from(self.entities.len()).expect("more than 2^32 entities");
+                assert!(e != NO_ENTITY, "entity id space exhausted");
+                self.entities.push(Entity::new(c, b));
+                e
+            }
+        };
+        self.entities[e as usize].next = next;
+        self.clients[c as usize].entities = e;
+        e
+    }
+
+    /// Entity `e` has lost its last waiting request: out of its band heap
+    /// and its client's list, freed; a band left without entities goes.
+    fn remove_entity(&mut self, e: u32) {
+        let (c, b) = {
+            let en = &self.entities[e as usize];
+            (en.client, en.band)
+        };
+        if self.entities[e as usize].heap_pos != NOT_IN_HEAP {
+            self.bands[b as usize]
+                .heap
+                .remove(e, &mut self.entities[..]);
+        }
+        let next = self.entities[e as usize].next;
+        let head = self.clients[c as usize].entities;
+        if head == e {
+            self.clients[c as usize].entities = next;
+        } else {
+            let mut p = head;
+            while self.entities[p as usize].next != e {
+                p = self.entities[p as usize].next;
+            }
+            self.entities[p as usize].next = next;
+        }
+        let en = &mut self.entities[e as usize];
+        en.next = NO_ENTITY;
+        en.queue.clear();
+        if en.queue.capacity() > 64 {
+            en.queue.shrink_to(8);
+        }
+        self.free_entities.push(e);
+        let band = &mut self.bands[b as usize];
+        band.n_entities -= 1;
+        if band.n_entities == 0 {
+            let i = self
+                .order
+                .iter()
+                .position(|&x| x == b)
+                .expect("live band is ordered");
+            self.order.remove(i);
+            self.free_bands.push(b);
+        }
+    }
+
+    /// The entity whose head request goes next: the least key of the most
+    /// urgent band (a band whose entities a capped `schedule` parked is
+    /// passed over).
+    #[inline(always)]
+    fn top_entity(&self) -> Option<u32> {
+        let (&first, rest) = self.order.split_first()?;
+        match self.bands[first as usize].heap.top() {
+            Some((e, _)) => Some(e),
+            None => rest
+                .iter()
+                .find_map(|&b| self.bands[b as usize].heap.top())
+                .map(|(e, _)| e),
         }
     }
 
@@ -682,14 +867,18 @@ impl Scheduler {
     }
 
     /*
-     * place_entity: the lift applied to a client entering the backlog.
+     * place_entity: the lift applied to a client entering a band's backlog.
      *
-     * Let B be the set of backlogged clients (those with waiting requests)
-     * and c_i their counters. A client k that submits while it has nothing
-     * waiting is placed at
+     * Let B be the set of backlogged clients (those with waiting requests),
+     * B_p those with waiting requests of priority p, and c_i the counters.
+     * A client k that submits a request of priority p while it has nothing
+     * of priority p waiting is placed at
      *
-     *     c_k := max(c_k, min_{i in B} c_i)          if B is non-empty
+     *     c_k := max(c_k, min_{i in B_p} c_i)        if B_p is non-empty
+     *     c_k := max(c_k, min_{i in B} c_i)          else if B is non-empty
      *     c_k := max(c_k, c_l)                       otherwise, l = last client to leave B
+     *
+     * (with one band, the first two are the same rule).
      *
      * Invariant: a client never gains service by having been idle. While k
      * was out of B, every backlogged client kept being charged; had k kept
@@ -704,11 +893,23 @@ impl Scheduler {
      *     |W_f(t1,t2) - W_g(t1,t2)| <= 2 * max(wp * L_input, wq * M)
      *
      * (Sheng et al., OSDI '24, Theorem 4.4), independently of t2 - t1.
+     * With bands the bound holds between two clients backlogged in the same
+     * band while no more urgent band is backlogged: their band then takes
+     * every admission, by least counter. The lift is to the least counter
+     * of k's own band, the clients k competes with there: the least over
+     * all bands would let a client banked low by a busy urgent band take
+     * over a less urgent one, and vice versa. An empty band has no
+     * competitors yet; the least over all bands then keeps idleness from
+     * being banked against whoever joins next.
      */
-    fn place_entity(&mut self, k: u32) {
-        let floor = if let Some((_, key)) = self.heap.top() {
-            // The heap is keyed by (counter, seq) under vtc: its top holds the least counter.
-            key.counter
+    fn place_entity(&mut self, k: u32, priority: i64) {
+        // Band heaps are keyed by (counter, seq) under vtc: a top holds its band's least counter.
+        let own = self
+            .find_band(priority)
+            .and_then(|b| self.bands[b as usize].heap.top())
+            .map(|(_, key)| key.counter);
+        let floor = if let Some(f) = own.or_else(|| self.least_backlogged()) {
+            f
         } else if let Some(l) = self.last_left {
             self.clients[l as usize].counter
         } else {
@@ -725,6 +926,8 @@ impl Scheduler {
         } else if floor > cl.counter {
             cl.counter = floor;
         }
+        // k may wait in other bands: its keys there follow its counter.
+        self.adjust(k);
     }
 
     // ------------------------------------------------------------- requests
@@ -778,31 +981,39 @@ impl Scheduler {
         r.state == Slot::Waiting && r.seq == e.seq
     }
 
-    /// Drop dead (cancelled) entries from the front of `c`'s queue and record
-    /// the new head's seq. Only called while `c` has a live waiting request.
-    fn clean_front(&mut self, c: u32) {
+    /// Drop dead (cancelled) entries from the front of entity `e`'s queue
+    /// and record the new head's seq. Only called while `e` has a live
+    /// waiting request.
+    fn clean_front(&mut self, e: u32) {
         loop {
-            let front = *self.clients[c as usize]
+            let front = *self.entities[e as usize]
                 .queue
                 .front()
-                .expect("backlogged client has a queue");
+                .expect("an entity has a queue");
             if self.entry_live(&front) {
-                self.clients[c as usize].head_seq = front.seq;
+                self.entities[e as usize].head_seq = front.seq;
                 return;
             }
-            self.clients[c as usize].queue.pop_front();
+            self.entities[e as usize].queue.pop_front();
         }
     }
 
-    /// `c` has just lost its last waiting request.
-    fn leave_backlog(&mut self, c: u32) {
-        self.heap.remove(c, &mut self.clients[..]);
-        let cl = &mut self.clients[c as usize];
-        cl.queue.clear();
-        if cl.queue.capacity() > 64 {
-            cl.queue.shrink_to(8);
+    /// A waiting request of client `c` in entity `e` has left (admitted,
+    /// set aside or cancelled; the counts are already down): `e` goes if it
+    /// is empty, else its head is cleaned (not re-keyed), and `c` leaves the
+    /// backlog if nothing else waits. Whether `e` is still there.
+    fn waiting_left(&mut self, c: u32, e: u32) -> bool {
+        let kept = self.entities[e as usize].n_waiting > 0;
+        if kept {
+            self.clean_front(e);
+        } else {
+            self.remove_entity(e);
         }
-        self.last_left = Some(c);
+        if self.clients[c as usize].n_waiting == 0 {
+            self.n_backlogged -= 1;
+            self.last_left = Some(c);
+        }
+        kept
     }
 
     /// The checks `submit` makes on a request id and prompt length, without
@@ -845,7 +1056,8 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Queue a new request `rid` from client `c` with a prompt of `prompt_len` tokens.
+    /// Queue a new request `rid` from client `c` with a prompt of `prompt_len`
+    /// tokens, at the default priority 0.
     pub fn submit(&mut self, rid: u64, c: ClientId, prompt_len: i64) -> Result<()> {
         self.submit_cached(rid, c, prompt_len, 0)
     }
@@ -875,6 +1087,23 @@ impl Scheduler {
         cached_len: i64,
         predicted_output: Option<i64>,
     ) -> Result<()> {
+        self.submit_priority(rid, c, prompt_len, cached_len, predicted_output, 0)
+    }
+
+    /// [`submit_full`](Self::submit_full) in priority band `priority`
+    /// (smaller is more urgent). Strict bands: a request is admitted only
+    /// when no more urgent request waits; inside a band, the least counter
+    /// goes first; one counter per client across bands. A client is lifted
+    /// when it enters a band it has nothing waiting in (see place_entity).
+    pub fn submit_priority(
+        &mut self,
+        rid: u64,
+        c: ClientId,
+        prompt_len: i64,
+        cached_len: i64,
+        predicted_output: Option<i64>,
+        priority: i64,
+    ) -> Result<()> {
         self.check_submit_full(rid, prompt_len, cached_len, predicted_output)?;
         let prompt = prompt_len as u64;
         let k = c.0;
@@ -882,9 +1111,9 @@ impl Scheduler {
             return Err(CoreError::UnknownClient(k));
         }
         // validated: from here on nothing fails
-        let was_idle = self.clients[k as usize].n_waiting == 0;
-        if was_idle && self.policy == Policy::Vtc {
-            self.place_entity(k);
+        let entity = self.entity_of(k, priority);
+        if entity.is_none() && self.policy == Policy::Vtc {
+            self.place_entity(k, priority);
         }
         self.seq += 1;
         let seq = self.seq;
@@ -895,6 +1124,7 @@ impl Scheduler {
             cached: cached_len as u64,
             generated: 0,
             seq,
+            priority,
             admit_seq: 0,
             decode_epoch: 0,
             state: Slot::Waiting,
@@ -903,14 +1133,21 @@ impl Scheduler {
             predicted: predicted_output.unwrap_or(0) as u64,
         });
         self.index.insert(rid, slot);
+        let e = entity.unwrap_or_else(|| self.add_entity(k, priority));
+        let en = &mut self.entities[e as usize];
+        en.queue.push_back(QueueEntry { slot, seq });
+        en.n_waiting += 1;
         let cl = &mut self.clients[k as usize];
-        cl.queue.push_back(QueueEntry { slot, seq });
+        if cl.n_waiting == 0 {
+            self.n_backlogged += 1;
+        }
         cl.n_waiting += 1;
         self.num_waiting += 1;
-        if was_idle {
-            cl.head_seq = seq;
-            let key = self.key_of(k);
-            self.heap.push(k, key, &mut self.clients[..]);
+        if entity.is_none() {
+            self.entities[e as usize].head_seq = seq;
+            let key = self.key_of(e);
+            let b = self.entities[e as usize].band as usize;
+            self.bands[b].heap.push(e, key, &mut self.entities[..]);
         }
         Ok(())
     }
@@ -918,18 +1155,20 @@ impl Scheduler {
     /// The slot of the request the policy would admit next.
     #[inline]
     fn next_slot(&self) -> Option<u32> {
-        let (c, _) = self.heap.top()?;
-        let front = self.clients[c as usize].queue.front()?;
+        let e = self.top_entity()?;
+        let front = self.entities[e as usize].queue.front()?;
         Some(front.slot)
     }
 
-    /// Admit the head request of the least-key client, without a KV check.
+    /// Admit the head request of the least-key entity of the most urgent
+    /// band, without a KV check.
     fn admit_next(&mut self) -> Option<u64> {
-        let (c, _) = self.heap.top()?;
-        let entry = self.clients[c as usize]
+        let e = self.top_entity()?;
+        let c = self.entities[e as usize].client;
+        let entry = self.entities[e as usize]
             .queue
             .pop_front()
-            .expect("backlogged client has a queue");
+            .expect("an entity has a queue");
         debug_assert!(self.entry_live(&entry));
         self.admit_seq += 1;
         let admit_seq = self.admit_seq;
@@ -976,20 +1215,12 @@ impl Scheduler {
         cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
-        self.head_left(c);
-        Some(rid)
-    }
-
-    /// `c`'s head request has just left its queue (admitted or set aside):
-    /// `c` leaves the backlog if nothing else waits, else it is re-keyed on
-    /// its next head.
-    fn head_left(&mut self, c: u32) {
-        if self.clients[c as usize].n_waiting == 0 {
-            self.leave_backlog(c);
-        } else {
-            self.clean_front(c);
+        self.entities[e as usize].n_waiting -= 1;
+        if self.waiting_left(c, e) || charge.is_some() {
+            // a new head, a new counter, or both: re-key every band it waits in
             self.adjust(c);
         }
+        Some(rid)
     }
 
     /// Fill the batch: admit from the least-served backlogged client until
@@ -1023,23 +1254,31 @@ impl Scheduler {
     fn schedule_capped(&mut self, out: &mut Vec<u64>) {
         let cap = self.client_cap.expect("capped");
         let mut parked = std::mem::take(&mut self.parked);
-        while let Some((c, _)) = self.heap.top() {
-            let s = self.next_slot().expect("backlogged client has a head");
+        while let Some(e) = self.top_entity() {
+            let s = self.next_slot().expect("an entity has a head");
             let fp = self.requests[s as usize].footprint();
+            let c = self.entities[e as usize].client;
             let cl = &self.clients[c as usize];
             if cl.n_running > 0 && cl.occupancy + u128::from(fp) > u128::from(cap) {
-                self.heap.remove(c, &mut self.clients[..]);
-                parked.push(c);
+                // out of selection for this call, in every band it waits in
+                let mut x = cl.entities;
+                while x != NO_ENTITY {
+                    let b = self.entities[x as usize].band as usize;
+                    self.bands[b].heap.remove(x, &mut self.entities[..]);
+                    parked.push(x);
+                    x = self.entities[x as usize].next;
+                }
                 continue;
             }
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
-            out.push(self.admit_next().expect("heap top has a head"));
+            out.push(self.admit_next().expect("top entity has a head"));
         }
-        for &c in &parked {
-            let key = self.key_of(c);
-            self.heap.push(c, key, &mut self.clients[..]);
+        for &e in &parked {
+            let key = self.key_of(e);
+            let b = self.entities[e as usize].band as usize;
+            self.bands[b].heap.push(e, key, &mut self.entities[..]);
         }
         parked.clear();
         self.parked = parked;
@@ -1087,7 +1326,8 @@ impl Scheduler {
         let cost = self.cost;
         let touched = std::mem::take(&mut self.touched);
         let rekey = self.policy != Policy::Fcfs;
-        let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= self.heap.len();
+        let in_heaps = self.entities.len() - self.free_entities.len();
+        let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= in_heaps;
         for &c in &touched {
             let cl = &mut self.clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
@@ -1098,16 +1338,23 @@ impl Scheduler {
             };
             self.update_curr(c, amount);
             if bulk {
-                if self.clients[c as usize].heap_pos != NOT_IN_HEAP {
-                    let key = self.key_of(c);
-                    self.heap.set_key_unordered(c, key, &self.clients[..]);
+                let mut e = self.clients[c as usize].entities;
+                while e != NO_ENTITY {
+                    let key = self.key_of(e);
+                    let b = self.entities[e as usize].band as usize;
+                    self.bands[b]
+                        .heap
+                        .set_key_unordered(e, key, &self.entities[..]);
+                    e = self.entities[e as usize].next;
                 }
             } else if rekey {
                 self.adjust(c);
             }
         }
         if bulk {
-            self.heap.rebuild(&mut self.clients[..]);
+            for &b in &self.order {
+                self.bands[b as usize].heap.rebuild(&mut self.entities[..]);
+            }
         }
         self.touched = touched;
         self.touched.clear();
@@ -1186,16 +1433,17 @@ impl Scheduler {
             } else {
                 self.clients[r.client as usize].counter
             };
-            (served, r.admit_seq, s)
+            (r.priority, served, r.admit_seq, s)
         }));
-        // most-served client first, latest admission first among equals
-        order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        // least urgent band first; in it the most-served client, latest
+        // admission first among equals
+        order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)));
         let mut occ = self.occupancy;
         let mut keep = order.len();
         let mut k = 0;
         while occ + keep as u128 > u128::from(self.budget) {
             if keep == 1 {
-                let r = &self.requests[order[k].2 as usize];
+                let r = &self.requests[order[k].3 as usize];
                 let err = CoreError::Capacity {
                     request_id: r.rid,
                     tokens: r.footprint(),
@@ -1204,11 +1452,11 @@ impl Scheduler {
                 self.victims = order;
                 return Err(err);
             }
-            occ -= u128::from(self.requests[order[k].2 as usize].footprint());
+            occ -= u128::from(self.requests[order[k].3 as usize].footprint());
             keep -= 1;
             k += 1;
         }
-        for &(_, _, s) in &order[..k] {
+        for &(_, _, _, s) in &order[..k] {
             preempted.push(self.requests[s as usize].rid);
             self.preempt_slot(s);
         }
@@ -1332,22 +1580,32 @@ impl Scheduler {
     }
 
     /// Put request slot `s` (not waiting) back at the head of its client's
-    /// queue with its original seq, ahead of the client's later requests.
+    /// queue in its band, with its original seq, ahead of the client's later
+    /// requests of that band. No lift.
     fn requeue_front(&mut self, s: u32) {
         let r = &mut self.requests[s as usize];
         r.state = Slot::Waiting;
-        let (c, seq) = (r.client, r.seq);
+        let (c, seq, priority) = (r.client, r.seq, r.priority);
+        let (e, first) = match self.entity_of(c, priority) {
+            Some(e) => (e, false),
+            None => (self.add_entity(c, priority), true),
+        };
+        let en = &mut self.entities[e as usize];
+        en.queue.push_front(QueueEntry { slot: s, seq });
+        en.head_seq = seq;
+        en.n_waiting += 1;
         let cl = &mut self.clients[c as usize];
-        cl.queue.push_front(QueueEntry { slot: s, seq });
-        cl.head_seq = seq;
+        if cl.n_waiting == 0 {
+            self.n_backlogged += 1;
+        }
         cl.n_waiting += 1;
-        let first = cl.n_waiting == 1;
         self.num_waiting += 1;
-        let key = self.key_of(c);
+        let key = self.key_of(e);
+        let b = self.entities[e as usize].band as usize;
         if first {
-            self.heap.push(c, key, &mut self.clients[..]);
+            self.bands[b].heap.push(e, key, &mut self.entities[..]);
         } else {
-            self.heap.update(c, key, &mut self.clients[..]);
+            self.bands[b].heap.update(e, key, &mut self.entities[..]);
         }
     }
 
@@ -1380,11 +1638,12 @@ impl Scheduler {
     /// Engine mode: take the request [`peek`](Self::peek) names out of its
     /// client's queue without admitting or charging it (see above).
     pub fn set_aside(&mut self) -> Option<u64> {
-        let (c, _) = self.heap.top()?;
-        let entry = self.clients[c as usize]
+        let e = self.top_entity()?;
+        let c = self.entities[e as usize].client;
+        let entry = self.entities[e as usize]
             .queue
             .pop_front()
-            .expect("backlogged client has a queue");
+            .expect("an entity has a queue");
         debug_assert!(self.entry_live(&entry));
         let r = &mut self.requests[entry.slot as usize];
         r.state = Slot::Aside;
@@ -1393,7 +1652,10 @@ impl Scheduler {
         let cl = &mut self.clients[c as usize];
         cl.n_waiting -= 1;
         cl.n_aside += 1;
-        self.head_left(c);
+        self.entities[e as usize].n_waiting -= 1;
+        if self.waiting_left(c, e) {
+            self.adjust_entity(e);
+        }
         Some(rid)
     }
 
@@ -1476,17 +1738,20 @@ impl Scheduler {
             }
             Slot::Waiting => {
                 self.settle(s, false);
-                let c = self.requests[s as usize].client;
-                let was_head = self.clients[c as usize].head_seq == self.requests[s as usize].seq;
+                let r = &self.requests[s as usize];
+                let (c, seq) = (r.client, r.seq);
+                let e = self
+                    .entity_of(c, r.priority)
+                    .expect("a waiting request has its entity");
+                let was_head = self.entities[e as usize].head_seq == seq;
                 self.free_slot(s);
                 self.num_waiting -= 1;
-                let cl = &mut self.clients[c as usize];
-                cl.n_waiting -= 1;
-                if cl.n_waiting == 0 {
-                    self.leave_backlog(c);
-                } else if was_head {
-                    self.clean_front(c);
-                    self.adjust(c);
+                self.clients[c as usize].n_waiting -= 1;
+                self.entities[e as usize].n_waiting -= 1;
+                // not the head: the live head stays, nothing to re-key
+                debug_assert!(was_head || self.entities[e as usize].n_waiting > 0);
+                if was_head && self.waiting_left(c, e) {
+                    self.adjust_entity(e);
                 }
             }
             Slot::Aside => {
@@ -1500,9 +1765,97 @@ impl Scheduler {
         Ok(())
     }
 
+    /// The bands: ordered by priority, each heap in order over entities of
+    /// that band, every live entity in exactly one heap.
+    fn check_bands(&self) -> std::result::Result<(), String> {
+        let mut entities = 0;
+        for (i, &b) in self.order.iter().enumerate() {
+            let band = &self.bands[b as usize];
+            if i > 0 && self.bands[self.order[i - 1] as usize].priority >= band.priority {
+                return Err(format!("band {} out of priority order", band.priority));
+            }
+            band.heap.check(&self.entities[..])?;
+            if band.heap.len() != band.n_entities || band.n_entities == 0 {
+                return Err(format!(
+                    "band {}: {} in its heap, {} entities",
+                    band.priority,
+                    band.heap.len(),
+                    band.n_entities
+                ));
+            }
+            entities += band.n_entities;
+        }
+        if entities + self.free_entities.len() != self.entities.len() {
+            return Err(format!(
+                "{entities} entities in bands, {} free, {} in all",
+                self.free_entities.len(),
+                self.entities.len()
+            ));
+        }
+        if self.order.len() + self.free_bands.len() != self.bands.len() {
+            return Err("a band is neither ordered nor free".into());
+        }
+        Ok(())
+    }
+
+    /// One entity of live client `c`: its queue, head and key; how many
+    /// requests it holds.
+    fn check_entity(&self, c: u32, e: u32) -> std::result::Result<usize, String> {
+        let en = &self.entities[e as usize];
+        let band = &self.bands[en.band as usize];
+        if en.client != c || !self.order.contains(&en.band) {
+            return Err(format!(
+                "client {c}: entity {e} is not its own or has no band"
+            ));
+        }
+        if en.heap_pos == NOT_IN_HEAP
+            || self.bands[en.band as usize].heap.key_at(en.heap_pos) != self.key_of(e)
+        {
+            return Err(format!(
+                "client {c}: entity {e} out of its heap or stale key"
+            ));
+        }
+        let live: Vec<&QueueEntry> = en.queue.iter().filter(|q| self.entry_live(q)).collect();
+        if live.len() != en.n_waiting || en.n_waiting == 0 {
+            return Err(format!(
+                "client {c}, band {}: n_waiting {} != live entries {}",
+                band.priority,
+                en.n_waiting,
+                live.len()
+            ));
+        }
+        if live.iter().any(|q| {
+            let r = &self.requests[q.slot as usize];
+            r.client != c || r.priority != band.priority
+        }) {
+            return Err(format!(
+                "client {c}, band {}: queues a request of another client or band",
+                band.priority
+            ));
+        }
+        let front = en.queue.front().expect("non-empty");
+        if !self.entry_live(front) || front.seq != en.head_seq {
+            return Err(format!(
+                "client {c}, band {}: front entry is not the live head",
+                band.priority
+            ));
+        }
+        let mut x = en.next;
+        while x != NO_ENTITY {
+            if self.entities[x as usize].band == en.band {
+                return Err(format!(
+                    "client {c}: two entities in band {}",
+                    band.priority
+                ));
+            }
+            x = self.entities[x as usize].next;
+        }
+        Ok(en.n_waiting)
+    }
+
     /// Check every structural invariant (tests and fuzzing; O(n)).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.heap.check(&self.clients[..])?;
+        self.check_bands()?;
         let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {
@@ -1544,24 +1897,22 @@ impl Scheduler {
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {
-                if cl.n_waiting + cl.n_running + cl.n_aside != 0 || cl.heap_pos != NOT_IN_HEAP {
+                if cl.n_waiting + cl.n_running + cl.n_aside != 0 || cl.entities != NO_ENTITY {
                     return Err(format!("forgotten client {i} still has requests"));
                 }
                 continue;
             }
-            let live: Vec<&QueueEntry> = cl.queue.iter().filter(|e| self.entry_live(e)).collect();
-            if live.len() != cl.n_waiting {
-                return Err(format!(
-                    "client {i}: n_waiting {} != live entries {}",
-                    cl.n_waiting,
-                    live.len()
-                ));
+            let mut queued = 0;
+            let mut e = cl.entities;
+            while e != NO_ENTITY {
+                queued += self.check_entity(i as u32, e)?;
+                e = self.entities[e as usize].next;
             }
-            if live
-                .iter()
-                .any(|e| self.requests[e.slot as usize].client != i as u32)
-            {
-                return Err(format!("client {i} queues another client's request"));
+            if queued != cl.n_waiting {
+                return Err(format!(
+                    "client {i}: n_waiting {} != live entries {queued}",
+                    cl.n_waiting
+                ));
             }
             if cl.n_running != running[i] {
                 return Err(format!(
@@ -1570,7 +1921,10 @@ impl Scheduler {
                 ));
             }
             if cl.n_aside != aside[i] {
-                return Err(format!("client {i}: n_aside {} != {}", cl.n_aside, aside[i]));
+                return Err(format!(
+                    "client {i}: n_aside {} != {}",
+                    cl.n_aside, aside[i]
+                ));
             }
             if cl.occupancy != occ_of[i] {
                 return Err(format!(
@@ -1579,22 +1933,6 @@ impl Scheduler {
                 ));
             }
             waiting += cl.n_waiting;
-            let in_heap = cl.heap_pos != NOT_IN_HEAP;
-            if in_heap != (cl.n_waiting > 0) {
-                return Err(format!(
-                    "client {i}: in heap {in_heap} but n_waiting {}",
-                    cl.n_waiting
-                ));
-            }
-            if in_heap {
-                let front = cl.queue.front().expect("backlogged");
-                if !self.entry_live(front) || front.seq != cl.head_seq {
-                    return Err(format!("client {i}: front entry is not the live head"));
-                }
-                if self.heap.key_at(cl.heap_pos) != self.key_of(i as u32) {
-                    return Err(format!("client {i}: stale heap key"));
-                }
-            }
             // Rounding is monotone, so equal charges keep counter >= service exactly.
             if cl.counter < cl.service {
                 return Err(format!(
@@ -1605,6 +1943,17 @@ impl Scheduler {
         }
         if waiting != self.num_waiting {
             return Err(format!("num_waiting {} != {waiting}", self.num_waiting));
+        }
+        let backlogged = self
+            .clients
+            .iter()
+            .filter(|c| c.live && c.n_waiting > 0)
+            .count();
+        if backlogged != self.n_backlogged {
+            return Err(format!(
+                "n_backlogged {} != {backlogged}",
+                self.n_backlogged
+            ));
         }
         // active_clients: the per-client counts it reads, summed, are the
         // queues, the set-aside requests and the running list.

@@ -20,6 +20,11 @@ fn random_operations_keep_every_invariant() {
             let mut rng = Lcg(seed * 31 + 1);
             let m = [16i64, 100, 1000][(seed % 3) as usize];
             let (mut s, cs) = sched(m, policy);
+            // some sequences in priority bands, some with a per-client cap
+            let bands: &[i64] = if seed % 2 == 0 { &[0] } else { &[0, 0, -1, 5] };
+            if seed % 5 == 1 {
+                s.set_client_cap(Some(m as u64 / 3 + 1)).unwrap();
+            }
             let mut live: Vec<u64> = Vec::new();
             let mut counters = vec![0.0f64; cs.len()];
             let mut out = Vec::new();
@@ -28,7 +33,8 @@ fn random_operations_keep_every_invariant() {
                     0..=3 => {
                         let c = cs[rng.below(cs.len() as u64) as usize];
                         let p = 1 + rng.below(m as u64) as i64;
-                        s.submit(rid, c, p).unwrap();
+                        let band = bands[rng.below(bands.len() as u64) as usize];
+                        s.submit_priority(rid, c, p, 0, None, band).unwrap();
                         live.push(rid);
                     }
                     4 | 5 => {
@@ -48,7 +54,9 @@ fn random_operations_keep_every_invariant() {
                         let r = live.swap_remove(rng.below(live.len() as u64) as usize);
                         match s.status(r) {
                             Some(RequestState::Running) => s.finish(r).unwrap(),
-                            Some(RequestState::Waiting | RequestState::Aside) => s.cancel(r).unwrap(),
+                            Some(RequestState::Waiting | RequestState::Aside) => {
+                                s.cancel(r).unwrap()
+                            }
                             None => {}
                         }
                     }

@@ -1139,7 +1139,8 @@ impl PyScheduler {
         })
     }
 
-    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None, predicted_output = None))]
+    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None, predicted_output = None, priority = None))]
+    #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
         py: Python<'_>,
@@ -1148,6 +1149,7 @@ impl PyScheduler {
         prompt_len: &Bound<'_, PyAny>,
         cached_len: Option<&Bound<'_, PyAny>>,
         predicted_output: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
     ) -> Result<()> {
         let rid = request_id_arg(request_id)?;
         let key = client_arg(client)?;
@@ -1159,11 +1161,16 @@ impl PyScheduler {
         let predicted = predicted_output
             .map(|p| i64_arg("predicted_output", p))
             .transpose()?;
+        let priority = priority
+            .map(|p| i64_arg("priority", p))
+            .transpose()?
+            .unwrap_or(0);
         let mut g = self.lock(py)?;
         // Validate before interning so a rejected submit creates no client.
         g.core.check_submit_full(rid, prompt, cached, predicted)?;
         let c = g.intern(&key);
-        g.core.submit_full(rid, c, prompt, cached, predicted)?;
+        g.core
+            .submit_priority(rid, c, prompt, cached, predicted, priority)?;
         Ok(())
     }
 
