@@ -106,6 +106,19 @@ def tracked_pair(M=10_000):
     return core, Requests(core)
 
 
+def test_an_engine_priority_is_the_cores_band_clamped_to_64_bits():
+    core, reqs = tracked_pair()
+    batch = reqs.submit("r-b", object(), "b", 10, priority=2**70)
+    default = reqs.submit("r-d", object(), "d", 10)
+    urgent = reqs.submit("r-u", object(), "u", 10, priority=-(2**70))
+    assert reqs.head() is urgent  # the most urgent band first, whatever arrived before
+    assert core.schedule() == [urgent.rid, default.rid, batch.rid]
+    preempted = reqs.get("r-b")
+    reqs.put_back(preempted)  # a preemption returns it to its own band
+    later = reqs.submit("r-d2", object(), "d", 10, priority=0)
+    assert reqs.head() is later
+
+
 def test_a_request_goes_through_every_state_in_the_core():
     core, reqs = tracked_pair(M=100)
     a = reqs.submit("r-a", object(), "a", 500)  # clamped to M

@@ -388,9 +388,12 @@ class Requests:
         return waiting, running
 
     # -- state changes ---------------------------------------------------------------
-    def submit(self, key: Hashable, request: Any, tenant: str, prompt_len: int) -> Tracked:
+    def submit(
+        self, key: Hashable, request: Any, tenant: str, prompt_len: int, priority: int = 0
+    ) -> Tracked:
         """A new request of ``tenant`` (named by :meth:`Tenancy.arrive`) arrives:
-        submit it (the core lifts a returning tenant)."""
+        submit it in band ``priority`` (smaller is more urgent; the core lifts a
+        tenant entering a band it has nothing waiting in)."""
         if key in self._by_key:
             raise ValueError(f"request {key!r} is already tracked")
         rid = key_id(key)
@@ -399,9 +402,10 @@ class Requests:
         while rid in by_rid:  # taken by a live request: the next free id
             rid = (rid + 1) % (1 << 64)
         n = min(max(int(prompt_len), 1), self._M)
+        priority = min(max(int(priority), -(2**63)), 2**63 - 1)  # the core's 64-bit bands
         if self.observers.wants("arriving"):
             self.observers.notify("arriving", tenant)
-        self.core.submit(rid, tenant, n)
+        self.core.submit(rid, tenant, n, priority=priority)
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
@@ -852,10 +856,17 @@ class Adapter:
             self.sharing.close()
 
     def arrive(
-        self, key: Hashable, request: Any, fields: Iterable[Any], prompt_len: int
+        self,
+        key: Hashable,
+        request: Any,
+        fields: Iterable[Any],
+        prompt_len: int,
+        priority: int = 0,
     ) -> Tracked:
-        """A new request: bill it to the tenant its ``fields`` name, and submit it."""
-        return self.requests.submit(key, request, self.tenancy.arrive(fields), prompt_len)
+        """A new request: bill it to the tenant its ``fields`` name, and submit it
+        in band ``priority`` (smaller is more urgent)."""
+        tenant = self.tenancy.arrive(fields)
+        return self.requests.submit(key, request, tenant, prompt_len, priority)
 
     def enqueue(
         self,

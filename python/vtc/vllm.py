@@ -103,8 +103,14 @@ class VTCRequestQueue(RequestQueue):
         self._pending: Tracked | None = None
 
     def _submit(self, request: Request) -> None:
+        # vLLM's priority (smaller first; always 0 unless --scheduling-policy
+        # priority) is the core's band: strict bands, VTC inside each
         self.requests.submit(
-            request.request_id, request, self._tenant_of(request), request.num_prompt_tokens
+            request.request_id,
+            request,
+            self._tenant_of(request),
+            request.num_prompt_tokens,
+            request.priority,
         )
 
     def entry(self, request_id: str) -> Tracked | None:
@@ -265,12 +271,12 @@ class _VTCMixin:
         # VTC_REDIS_URL: counters shared across replicas (each data-parallel rank is one)
         parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
         self.vtc_adapter.start_sharing(suffix=data_parallel_suffix(parallel))
-        if self.policy != SchedulingPolicy.FCFS:
-            logger.warning("VTC orders the waiting queue itself; policy %r is ignored", self.policy)
         if len(self.waiting):
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
         self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant, self.vtc_adapter.requests)
         mode = "async" if isinstance(self, AsyncScheduler) else "synchronous"
+        if self.policy == SchedulingPolicy.PRIORITY:
+            mode += "; request priorities are strict bands, fair shares inside each"
         logger.info("VTC fair scheduling (%s scheduler): %s", mode, self.vtc_adapter.describe())
 
     def _vtc_tenant(self, request: Request) -> str:

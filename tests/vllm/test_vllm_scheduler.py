@@ -80,13 +80,13 @@ def test_replaces_waiting_queue_and_uses_kv_capacity(model_dir: str) -> None:
     assert isinstance(a, AsyncScheduler) and isinstance(a.waiting, VTCRequestQueue)
 
 
-def _reference_order(plan: list[tuple[str, int, int]], weights: dict | None = None) -> list[str]:
+def _reference_order(plan: list[tuple], weights: dict | None = None) -> list[str]:
     """The admission order vtc.reference gives when each request runs alone to the end."""
     ref = reference.Scheduler(M=10**6, wp=WP, wq=WQ)
     for tenant, weight in (weights or {}).items():
         ref.set_weight(tenant, weight)
-    for i, (tenant, prompt, _) in enumerate(plan):
-        ref.submit(i, tenant, prompt)
+    for i, (tenant, prompt, *rest) in enumerate(plan):
+        ref.submit(i, tenant, prompt, priority=rest[1] if len(rest) > 1 else 0)
     order = []
     while (rid := ref.pop()) is not None:
         ref.decode([rid], [plan[rid][2]])
@@ -122,6 +122,59 @@ def test_tenants_drain_in_vtc_order(model_dir: str) -> None:
     assert s.tenant_services() == expected
     assert s.tenant_counters() == expected  # all backlogged from the start: no lift
     assert_empty(s)
+
+
+def test_request_priorities_are_strict_bands_with_vtc_inside(model_dir: str) -> None:
+    # vLLM's --scheduling-policy priority: one request at a time again.
+    config = vllm_config(model_dir, max_num_seqs=1, policy="priority")
+    plan = [("batch-a", 40, 8, 1)] * 3 + [("batch-b", 20, 8, 1)] * 3 + [("urgent", 30, 4, 0)] * 2
+
+    def drain(cls: type) -> tuple[list[str], object]:
+        s = make_scheduler(cls, config)
+        tenant_of = {}
+        for tenant, prompt, max_tokens, priority in plan:
+            request = make_request(tenant, prompt, max_tokens, priority=priority)
+            tenant_of[request.request_id] = tenant
+            s.add_request(request)
+        return [tenant_of[r] for r in run_until_idle(s)], s
+
+    vtc_order, s = drain(VTCScheduler)
+    stock_order, _ = drain(Scheduler)
+    # stock: the band, then arrival; VTC: the band, then the least counter
+    assert stock_order == ["urgent"] * 2 + ["batch-a"] * 3 + ["batch-b"] * 3
+    assert vtc_order == _reference_order(plan)
+    assert vtc_order[:2] == ["urgent", "urgent"]
+    assert vtc_order[2:4] == ["batch-a", "batch-b"]  # fair shares inside the batch band
+    expected: dict[str, float] = {}
+    for tenant, prompt, max_tokens, _ in plan:
+        expected[tenant] = expected.get(tenant, 0.0) + WP * prompt + WQ * max_tokens
+    assert s.tenant_services() == expected
+    assert_empty(s)
+
+
+def test_priority_preemption_evicts_the_batch_band_and_never_charges_twice(
+    model_dir: str,
+) -> None:
+    # As test_preemption_does_not_charge_twice, under vLLM's priority policy: vLLM
+    # evicts the least urgent running request, possibly one scheduled this step.
+    config = vllm_config(model_dir, max_num_seqs=3, policy="priority")
+    s = make_scheduler(VTCScheduler, config, num_blocks=12)
+    plan = (("a", 1), ("b", 1), ("u", 0))
+    requests = [make_request(t, 48, 48, priority=p) for t, p in plan]
+    for r in requests:
+        s.add_request(r)
+    preempted_steps = 0
+    for _ in range(500):
+        if not s.has_requests():
+            break
+        output, _ = step(s)
+        preempted_steps += bool(output.preempted_req_ids)
+        core_ids_consistent(s)
+    assert preempted_steps > 0
+    assert requests[2].num_preemptions == 0  # the urgent request is never the victim
+    assert requests[0].num_preemptions + requests[1].num_preemptions > 0
+    assert_empty(s)
+    assert s.tenant_services() == {t: WP * 48 + WQ * 48 for t in "abu"}
 
 
 def test_batch_of_several_tenants_is_consistent_each_step(model_dir: str) -> None:

@@ -87,6 +87,7 @@ def vllm_config(
     enable_prefix_caching: bool = False,
     async_scheduling: bool = False,
     max_loras: int = 0,
+    policy: str = "fcfs",
 ) -> VllmConfig:
     """A ``VllmConfig`` for a scheduler on CPU (cached: building one takes seconds)."""
     scheduler_config = SchedulerConfig(
@@ -96,6 +97,7 @@ def vllm_config(
         enable_chunked_prefill=True,
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
+        policy=policy,
     )
     model_config = ModelConfig(
         model=model_dir,
@@ -151,6 +153,7 @@ def make_request(
     extra_args: dict | None = None,
     lora: str | None = None,
     request_id: str | None = None,
+    priority: int = 0,
 ) -> Request:
     """A generation request; ``tenant`` goes in ``extra_args["tenant"]`` unless None.
 
@@ -171,6 +174,7 @@ def make_request(
         pooling_params=None,
         lora_request=lora_request,
         block_hasher=_BLOCK_HASHER,
+        priority=priority,
     )
 
 
