@@ -876,11 +876,13 @@ class Adapter:
         prompt_len: int,
         *,
         charged: int = 0,
+        priority: int = 0,
     ) -> Tracked:
         """The engine put a request in its waiting queue. One the core holds as
-        running or set aside is put back (:meth:`Requests.put_back`); one already
-        waiting stays; any other arrives (:meth:`arrive`), with ``charged``
-        generated tokens it is not charged for (its output from before)."""
+        running or set aside is put back (:meth:`Requests.put_back`: it keeps its
+        band); one already waiting stays; any other arrives (:meth:`arrive`) in band
+        ``priority``, with ``charged`` generated tokens it is not charged for (its
+        output from before)."""
         requests = self.requests
         t = requests.get(key)
         if t is not None:
@@ -889,7 +891,7 @@ class Adapter:
                 requests.put_back(t, state)
                 return t
             requests.release(key)
-        t = self.arrive(key, request, fields, prompt_len)
+        t = self.arrive(key, request, fields, prompt_len, priority)
         t.charged = charged
         return t
 

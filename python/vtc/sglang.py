@@ -84,6 +84,9 @@ class VtcState:
         self.requests = self.adapter.requests
         self.in_pass = False  # inside Scheduler._get_new_batch_prefill_raw
         self.queue: list[_Req] | None = None  # the waiting queue that pass walks
+        # SGLang's priority order, read from the scheduler by the arrival hook:
+        # 1 (smaller values first), -1 (larger first), None (priority scheduling off)
+        self.priority_order: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VtcState:
@@ -109,12 +112,31 @@ class VtcState:
         """The tenant of ``req`` under this state's tenant key."""
         return tenant_of(req, self.tenant_key)
 
+    def read_priority_order(self, scheduler: Any) -> None:
+        """Note how ``scheduler`` orders request priorities (``--enable-priority-scheduling``,
+        ``--schedule-low-priority-values-first``), for :meth:`band`."""
+        if getattr(scheduler, "enable_priority_scheduling", False):
+            low_first = getattr(scheduler, "schedule_low_priority_values_first", False)
+            self.priority_order = 1 if low_first else -1
+        else:
+            self.priority_order = None
+
+    def band(self, req: _Req) -> int:
+        """The core's priority band of ``req`` (smaller is more urgent): SGLang's
+        priority, oriented by the scheduler's order, under priority scheduling; else
+        0 (SGLang ignores priorities then, and so does VTC)."""
+        priority = getattr(req, "priority", None)
+        if self.priority_order is None or priority is None:
+            return 0
+        return self.priority_order * int(priority)
+
     def enqueue(self, req: _Req) -> None:
-        """``req`` entered the waiting queue: a new request, or a running one sent
-        back (preempted); what it generated before is not charged."""
+        """``req`` entered the waiting queue: a new request (in its priority band), or
+        a running one sent back (preempted); what it generated before is not charged."""
         fields = tenant_fields(req, self.tenant_key)
         n = len(req.origin_input_ids)
-        self.adapter.enqueue(id(req), req, fields, n, charged=len(req.output_ids))
+        charged = len(req.output_ids)
+        self.adapter.enqueue(id(req), req, fields, n, charged=charged, priority=self.band(req))
 
     def start(self, scheduler: Any) -> None:
         """The scheduler's first prefill pass (at its first event loop iteration,
@@ -245,7 +267,13 @@ def _hook_add_request_to_queue(
     result = original(scheduler, req, *args, **kwargs)
     queue = getattr(scheduler, "waiting_queue", None)
     if _is_unified(scheduler) and queue and queue[-1] is req:
-        _guarded("submit", lambda: get_state().enqueue(req))
+
+        def submit() -> None:
+            state = get_state()
+            state.read_priority_order(scheduler)
+            state.enqueue(req)
+
+        _guarded("submit", submit)
     return result
 
 

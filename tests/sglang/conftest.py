@@ -78,6 +78,7 @@ def make_req(
     custom_params: dict | None = None,
     routing_key: str | None = None,
     lora_id: str | None = None,
+    priority: int | None = None,
 ) -> Req:
     """A real SGLang Req; ``tenant`` goes into ``custom_params["tenant"]``."""
     params = dict(custom_params or {})
@@ -94,6 +95,7 @@ def make_req(
         sp,
         routing_key=routing_key,
         lora_id=lora_id,
+        priority=priority,
     )
 
 

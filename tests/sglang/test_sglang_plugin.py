@@ -61,6 +61,38 @@ def test_admission_stops_at_the_core_choice_without_skipping() -> None:
     assert s.waiting_queue[0] is a[2] and core().peek() == vs.get_state().request_id(a[2])
 
 
+@pytest.mark.parametrize("low_first", [True, False])
+def test_request_priorities_are_strict_bands_with_vtc_inside(low_first: bool) -> None:
+    """--enable-priority-scheduling: the urgent band first, whichever way SGLang orders
+    priority values; inside the batch band, the least counter (not arrival)."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    s = make_scheduler()
+    s.enable_priority_scheduling = True
+    s.schedule_low_priority_values_first = low_first
+    s.policy = SchedulePolicy("fcfs", s.tree_cache, False, True, low_first)
+    s.max_prefill_tokens = 20  # room for two 8-token prompts per pass
+    urgent_p, batch_p = (0, 5) if low_first else (5, 0)
+    a = [make_req("a", 8, priority=batch_p) for _ in range(2)]
+    b = [make_req("b", 8, priority=batch_p) for _ in range(2)]
+    u = [make_req("u", 8, priority=urgent_p) for _ in range(2)]
+    arrive(s, *a, *b, *u)
+    assert prefill_pass(s) == u
+    assert prefill_pass(s) == [a[0], b[0]]
+    assert prefill_pass(s) == [a[1], b[1]]
+    assert core().counters() == {"a": 16.0, "b": 16.0, "u": 16.0}
+
+
+def test_priorities_are_ignored_without_priority_scheduling() -> None:
+    """SGLang ignores a request's priority unless priority scheduling is on; so does VTC."""
+    s = make_scheduler()
+    s.max_prefill_tokens = 20
+    a = [make_req("a", 8, priority=5) for _ in range(2)]
+    u = make_req("u", 8, priority=0)
+    arrive(s, *a, u)
+    assert prefill_pass(s) == [a[0], u]
+
+
 def test_decode_is_charged_from_process_batch_result() -> None:
     s = make_scheduler()
     a, b = make_req("a", 4), make_req("b", 4)
