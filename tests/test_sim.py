@@ -343,6 +343,20 @@ def test_weighted_shares_follow_weights():
     assert statistics.mean(r["ttft_p50"] for r in table.rows[:2]) > table.rows[-1]["ttft_p50"]
 
 
+def test_priority_bands_serve_the_urgent_band_first_and_the_batch_band_fairly():
+    rows = rows_by(X.priority(opts(steps=6000)).tables[0], "scheduler")
+    bands, stock, plain = rows["vtc + bands"], rows["stock priority"], rows["vtc"]
+    # urgent first: its latency is stock priority's, not plain VTC's
+    assert bands["urgent_ttft_p50"] < plain["urgent_ttft_p50"] / 10
+    assert bands["urgent_ttft_p99"] <= 2 * stock["urgent_ttft_p99"]
+    assert bands["urgent_share"] > plain["urgent_share"] + 0.1  # not held to a third
+    # fair inside the batch band: stock priority serves it by arrival
+    assert abs(bands["batch_a_share_of_band"] - 0.5) < 0.05
+    assert stock["batch_a_share_of_band"] > 0.65
+    assert bands["drift_over_2U"] <= 1.0 < stock["drift_over_2U"]
+    assert abs(bands["throughput"] - stock["throughput"]) / stock["throughput"] < 0.02
+
+
 def test_trace_vtc_is_fairer_at_the_same_throughput():
     report = X.trace(opts())
     rows = rows_by(report.tables[0], "scheduler")
@@ -482,6 +496,7 @@ def test_cli_all_writes_a_results_folder(tmp_path):
         "trace",
         "trace_latency",
         "weighted",
+        "priority",
     ):
         assert f"{table}.json" in names
     for exp in X.EXPERIMENTS:

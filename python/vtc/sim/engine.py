@@ -175,6 +175,7 @@ def simulate(
     options: dict[str, Any] | None = None,
     cached: Sequence[int] | None = None,
     predicted: Sequence[int] | None = None,
+    priority: Sequence[int] | None = None,
 ) -> SimResult:
     """Run ``requests`` (sorted by arrival) for ``steps`` steps and record the service.
 
@@ -185,7 +186,8 @@ def simulate(
     scheduler gets no ``wp``/``wq``, which then only weigh the harness's
     ``work`` and ``delivered``).  ``cached[i]`` is request ``i``'s
     prefix-cache hit, passed as ``cached_len``; ``predicted[i]`` its
-    predicted output length, passed as ``predicted_output``.
+    predicted output length, passed as ``predicted_output``; ``priority[i]``
+    its priority band (smaller is more urgent), passed as ``priority``.
     """
     options = dict(options or {})
     if "cost" in options:
@@ -218,6 +220,8 @@ def simulate(
             extra["cached_len"] = hit[rid]
         if predicted is not None:
             extra["predicted_output"] = predicted[rid]
+        if priority is not None:
+            extra["priority"] = priority[rid]
         sched.submit(rid, requests[rid].client, prompt[rid], **extra)
 
     generated = [0] * n  # tokens generated before the current stint

@@ -27,6 +27,7 @@ KV_SWEEP = (2048, 4096, 8192, 16384, 32768)
 RPM_SWEEP = (5, 20, 40, 80, None)
 TRACE_RPMS = (5, 20)
 WEIGHTS = (1.0, 2.0, 3.0, 4.0)
+PRIORITY_LOADS = (0.5, 2.0, 0.6)  # urgent (priority 0), batch-a and batch-b (priority 1)
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Options:
         options: dict | None = None,
         cached: Sequence[int] | None = None,
         predicted: Sequence[int] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> SimResult:
         """:func:`~vtc.sim.engine.simulate` with these options and a progress bar."""
         return simulate(
@@ -77,6 +79,7 @@ class Options:
             options=options,
             cached=cached,
             predicted=predicted,
+            priority=priority,
         )
 
 
@@ -334,6 +337,67 @@ def weighted(opts: Options, weights: Sequence[float] = WEIGHTS) -> Report:
     return Report(
         [table], [Panel("weighted vtc, weights " + ":".join(f"{w:g}" for w in weights), res)]
     )
+
+
+def priority(opts: Options, loads: Sequence[float] = PRIORITY_LOADS) -> Report:
+    """Priority bands: an interactive tenant at priority 0 and two batch tenants at 1.
+
+    ``urgent`` sends at half the capacity (over its third of the machine, under
+    the whole of it), ``batch-a`` at 2x and ``batch-b`` at 0.6x: both are over
+    their share of what is left. Four schedulers: FCFS and VTC, both ignoring
+    priorities; stock priority (what vLLM and SGLang do: the band, then
+    arrival); VTC with strict bands (the band, then the least counter). Rows:
+    the urgent tenant's first-token latency (steps) and share of all service;
+    inside the batch band, ``batch-a``'s share of the band's service and the
+    largest gap between ``batch-a`` and ``batch-b`` while both were backlogged
+    (against the bound ``2 * max(wp * L, wq * M)``).
+    """
+    steps, M = opts.steps or 20000, opts.M or 8192
+    reqs = workloads.overloaded(list(loads), steps, M, seed=opts.seed)
+    bands = [0 if r.client == 0 else 1 for r in reqs]
+    names = {0: "urgent", 1: "batch-a", 2: "batch-b"}
+    runs = [
+        ("fcfs", "fcfs", None),
+        ("stock priority", "fcfs", bands),
+        ("vtc", "vtc", None),
+        ("vtc + bands", "vtc", bands),
+    ]
+    table = Table(
+        "priority",
+        f"Priority bands: urgent {loads[0]:g}x capacity at priority 0, batch-a {loads[1]:g}x and "
+        f"batch-b {loads[2]:g}x at priority 1 (M={M:,}, {steps:,} steps)",
+        [
+            "scheduler",
+            "urgent_ttft_p50",
+            "urgent_ttft_p99",
+            "urgent_share",
+            "batch_a_share_of_band",
+            "batch_max_drift",
+            "drift_over_2U",
+            "throughput",
+        ],
+    )
+    panels = []
+    for label, policy, prio in runs:
+        res = opts.run(f"priority {label}", reqs, steps, M=M, policy=policy, priority=prio)
+        lat = metrics.ttft(res, [0])
+        share = metrics.shares(res)
+        drift = metrics.max_drift(res, 1, 2)
+        table.rows.append(
+            {
+                "scheduler": label,
+                "urgent_ttft_p50": metrics.percentile(lat, 50),
+                "urgent_ttft_p99": metrics.percentile(lat, 99),
+                "urgent_share": share[0],
+                "batch_a_share_of_band": share[1] / (share[1] + share[2]),
+                "batch_max_drift": drift,
+                "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                "throughput": metrics.throughput(res),
+            }
+        )
+        if prio is not None:
+            panels.append(Panel(label, res, labels=names))
+    return Report([table], panels)
 
 
 def scenarios(opts: Options) -> Report:
@@ -734,6 +798,7 @@ EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "rpm-sweep": rpm_sweep,
     "trace": trace,
     "weighted": weighted,
+    "priority": priority,
     "scenarios": scenarios,
     "replicas": replicas,
     "accounting": accounting,
