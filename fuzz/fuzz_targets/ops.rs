@@ -79,7 +79,9 @@ fuzz_target!(|data: &[u8]| {
                 } else {
                     b(3) as i64 % (budget + 2) - 1
                 };
-                let r = s.submit_cached(rid, c, p, (b(3) % 4) as i64);
+                // priority bands: mostly the default, some urgent, some at the extremes
+                let band = [0, 0, 0, 0, 1, -1, i64::MIN, i64::MAX][(b(4) & 7) as usize];
+                let r = s.submit_priority(rid, c, p, (b(3) % 4) as i64, None, band);
                 if r.is_ok() {
                     model.insert(rid, St::Waiting);
                 }

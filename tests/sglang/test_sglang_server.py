@@ -157,10 +157,11 @@ class Server:
         out: dict,
         name: str,
         prompt: list[int] = PROMPT,
+        priority: int | None = None,
     ) -> threading.Thread:
-        """POST /generate from a thread (request id ``name``); its response lands in
-        ``out[name]``."""
-        body = {
+        """POST /generate from a thread (request id ``name``, SGLang's ``priority`` if
+        given); its response lands in ``out[name]``."""
+        body: dict[str, Any] = {
             "rid": name,
             "input_ids": prompt,
             "sampling_params": {
@@ -170,6 +171,8 @@ class Server:
                 "custom_params": {"tenant": tenant},
             },
         }
+        if priority is not None:
+            body["priority"] = priority
 
         def post() -> None:
             req = urllib.request.Request(
@@ -235,15 +238,20 @@ def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
         s.stop()
 
 
-def submit_in_order(server: Server, plan: list[tuple[str, str, int]]) -> dict[str, Any]:
-    """Submit ``plan`` (name, tenant, max_new_tokens) behind a blocker that keeps
-    the one running slot busy, each request only once the server has queued the
-    one before: the server's arrival order is the plan's. Returns the responses."""
+def submit_in_order(
+    server: Server, plan: list[tuple], blocker_priority: int | None = None
+) -> dict[str, Any]:
+    """Submit ``plan`` (name, tenant, max_new_tokens[, priority]) behind a blocker
+    that keeps the one running slot busy, each request only once the server has
+    queued the one before: the server's arrival order is the plan's. Returns the
+    responses."""
     out: dict[str, Any] = {}
-    threads = [server.generate("blocker", 400, out, "blocker")]
+    threads = [server.generate("blocker", 400, out, "blocker", priority=blocker_priority)]
     server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
-    for i, (name, tenant, tokens) in enumerate(plan):
-        threads.append(server.generate(tenant, tokens, out, name))
+    for i, (name, tenant, tokens, *priority) in enumerate(plan):
+        threads.append(
+            server.generate(tenant, tokens, out, name, priority=next(iter(priority), None))
+        )
         server.wait_for(f"{i + 1} queued", lambda load, n=i + 1: load["num_waiting_reqs"] >= n)
     for t in threads:
         t.join(DEADLINE)
@@ -276,6 +284,52 @@ def test_a_late_tenant_is_served_between_the_early_tenants_requests(server):
         assert done.index("B0") <= 2 and done.index("B1") <= 4, done
         assert [n for n in done if n.startswith("A")] == [f"A{i}" for i in range(6)]
         assert done.index("B0") < done.index("B1")
+
+
+@pytest.fixture(scope="module", params=["vtc", "stock"])
+def priority_server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
+    """One running slot, SGLang's priority scheduling (larger values first, no
+    priority preemption: the blocker keeps its slot)."""
+    plugin = request.param == "vtc"
+    log = tmp_path_factory.mktemp(f"sglang-priority-{request.param}") / "server.log"
+    args = (
+        "--max-running-requests",
+        "1",
+        "--enable-priority-scheduling",
+        "--disable-priority-preemption",
+        "--schedule-policy",
+        "fcfs",
+    )
+    s = Server(model_dir, log, plugin=plugin, env={"VTC_LOG_INTERVAL": "0"}, args=args)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_an_urgent_tenant_goes_first_and_the_batch_band_stays_fair(priority_server):
+    """Four requests of batch tenant A, then two of B, at priority 1, then two of the
+    urgent tenant U at priority 5, all queued behind a blocker. Both servers serve U
+    first. Stock SGLang then takes the batch band by arrival (B waits for all of A);
+    with the plugin B is served as soon as A has had as much, inside the band
+    (A0 B0 A1 B1 A2 A3, ties going to A's earlier head)."""
+    server = priority_server
+    plan = [(f"A{i}", "A", 48, 1) for i in range(4)] + [(f"B{i}", "B", 48, 1) for i in range(2)]
+    plan += [(f"U{i}", "U", 48, 5) for i in range(2)]
+    out = submit_in_order(server, plan, blocker_priority=1)
+    for name, _, tokens, _ in plan:
+        assert out[name]["meta_info"]["completion_tokens"] == tokens
+
+    def sent(name: str) -> float:
+        return out[name]["meta_info"]["response_sent_to_client_ts"]
+
+    done = sorted((p[0] for p in plan), key=sent)
+    assert sent("blocker") < sent(done[0])
+    if server.plugin:
+        assert done == ["U0", "U1", "A0", "B0", "A1", "B1", "A2", "A3"], done
+    else:
+        assert done == ["U0", "U1", "A0", "A1", "A2", "A3", "B0", "B1"], done
 
 
 def test_greedy_output_is_a_real_forward_of_the_model(server, model_dir):
