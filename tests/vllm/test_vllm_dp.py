@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from test_vllm_e2e import scrape, total, vllm_server
+from test_vllm_e2e import settled_metrics, total, vllm_server
 
 from vtc.distributed import RedisStore
 
@@ -82,17 +82,15 @@ def test_data_parallel_ranks_each_schedule_and_share_counters(tiny_llama, tmp_pa
             time.sleep(0.2)
 
         # The ranks' token counters add up across processes on /metrics.
-        end = time.monotonic() + DEADLINE
-        while True:
-            m = scrape(url)
-            decode = {
+        def decode(m: dict) -> dict[str, float]:
+            return {
                 t: total(m, "vtc_tenant_service_tokens_total", tenant=t, kind="decode")
                 for t in "AB"
             }
-            if all(v == REQUESTS_PER_TENANT * MAX_TOKENS for v in decode.values()):
-                break
-            assert time.monotonic() < end, decode
-            time.sleep(0.5)
+
+        want = REQUESTS_PER_TENANT * MAX_TOKENS
+        m = settled_metrics(url, lambda m: set(decode(m).values()) == {want}, DEADLINE)
+        assert decode(m) == {t: want for t in "AB"}, decode(m)
         for t in "AB":
             prompt = total(m, "vtc_tenant_service_tokens_total", tenant=t, kind="prompt")
             assert prompt == REQUESTS_PER_TENANT * len(PROMPT)

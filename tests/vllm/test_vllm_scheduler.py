@@ -152,15 +152,9 @@ def test_request_priorities_are_strict_bands_with_vtc_inside(model_dir: str) -> 
     assert_empty(s)
 
 
-def test_priority_preemption_evicts_the_batch_band_and_never_charges_twice(
-    model_dir: str,
-) -> None:
-    # As test_preemption_does_not_charge_twice, under vLLM's priority policy: vLLM
-    # evicts the least urgent running request, possibly one scheduled this step.
-    config = vllm_config(model_dir, max_num_seqs=3, policy="priority")
-    s = make_scheduler(VTCScheduler, config, num_blocks=12)
-    plan = (("a", 1), ("b", 1), ("u", 0))
-    requests = [make_request(t, 48, 48, priority=p) for t, p in plan]
+def run_counting_preemptions(s: VTCScheduler, requests: list) -> int:
+    """Add ``requests`` and step ``s`` until idle (at most 500 steps), checking the
+    core's ids each step; how many steps preempted something."""
     for r in requests:
         s.add_request(r)
     preempted_steps = 0
@@ -170,6 +164,19 @@ def test_priority_preemption_evicts_the_batch_band_and_never_charges_twice(
         output, _ = step(s)
         preempted_steps += bool(output.preempted_req_ids)
         core_ids_consistent(s)
+    return preempted_steps
+
+
+def test_priority_preemption_evicts_the_batch_band_and_never_charges_twice(
+    model_dir: str,
+) -> None:
+    # As test_preemption_does_not_charge_twice, under vLLM's priority policy: vLLM
+    # evicts the least urgent running request, possibly one scheduled this step.
+    config = vllm_config(model_dir, max_num_seqs=3, policy="priority")
+    s = make_scheduler(VTCScheduler, config, num_blocks=12)
+    plan = (("a", 1), ("b", 1), ("u", 0))
+    requests = [make_request(t, 48, 48, priority=p) for t, p in plan]
+    preempted_steps = run_counting_preemptions(s, requests)
     assert preempted_steps > 0
     assert requests[2].num_preemptions == 0  # the urgent request is never the victim
     assert requests[0].num_preemptions + requests[1].num_preemptions > 0
@@ -276,15 +283,7 @@ def test_preemption_does_not_charge_twice(model_dir: str) -> None:
     config = vllm_config(model_dir, max_num_seqs=3)
     s = make_scheduler(VTCScheduler, config, num_blocks=12)
     requests = [make_request(t, 48, 48) for t in ("a", "b", "c")]
-    for r in requests:
-        s.add_request(r)
-    preempted_steps = 0
-    for _ in range(500):
-        if not s.has_requests():
-            break
-        output, _ = step(s)
-        preempted_steps += bool(output.preempted_req_ids)
-        core_ids_consistent(s)
+    preempted_steps = run_counting_preemptions(s, requests)
     assert preempted_steps > 0
     assert sum(r.num_preemptions for r in requests) > 0
     assert_empty(s)

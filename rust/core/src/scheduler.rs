@@ -719,13 +719,18 @@ impl Scheduler {
             .reduce(f64::min)
     }
 
+    /// Where band `priority` is in `order`: `Ok(i)` if a client waits in it,
+    /// else `Err(i)`, where it would go.
+    #[inline]
+    fn band_slot(&self, priority: i64) -> std::result::Result<usize, usize> {
+        self.order
+            .binary_search_by_key(&priority, |&b| self.bands[b as usize].priority)
+    }
+
     /// The live band of `priority`, if a client waits in it.
     #[inline]
     fn find_band(&self, priority: i64) -> Option<u32> {
-        self.order
-            .iter()
-            .copied()
-            .find(|&b| self.bands[b as usize].priority == priority)
+        self.band_slot(priority).ok().map(|i| self.order[i])
     }
 
     /// The entity of client `c` in band `priority`, if it waits there.
@@ -746,10 +751,7 @@ impl Scheduler {
     /// priority order if nobody waits in it), linked first in the client's
     /// list, empty and not yet in the band heap.
     fn add_entity(&mut self, c: u32, priority: i64) -> u32 {
-        let b = match self
-            .order
-            .binary_search_by_key(&priority, |&b| self.bands[b as usize].priority)
-        {
+        let b = match self.band_slot(priority) {
             Ok(i) => self.order[i],
             Err(i) => {
                 let b = match self.free_bands.pop() {
