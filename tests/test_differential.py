@@ -91,8 +91,21 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
             batch = {c: rng.choice(vals) for c in rng.sample(CLIENTS, rng.randint(0, 3))}
             return "raise_counters", (batch,)
         return "raise_counter", (rng.choice(CLIENTS), v)
+    if bands is not None and rng.random() < 0.3:  # weighted bands on, changed or off
+        return "set_band_weights", (_random_band_weights(rng, bad=True),)
     w = rng.choice([0.5, 1.0, 2.0, 3.0, 0.25, 0.0, -1.0, float("inf"), float("nan")])
     return "set_weight", (rng.choice(CLIENTS), w)
+
+
+def _random_band_weights(rng: random.Random, bad: bool = False):
+    """None (strict bands) or weights for some of the bands the sequences use
+    (with ``bad``, sometimes a bad priority or weight)."""
+    if rng.random() < 0.25:
+        return None
+    weights = {p: rng.choice([1.0, 4.0, 0.5, 3.0]) for p in rng.sample([0, 1, -2, 7], 2)}
+    if bad and rng.random() < 0.2:
+        weights[rng.choice([3, 2**63, "x"])] = rng.choice([0.0, 2.0, float("nan")])
+    return weights
 
 
 def _random_accounting(rng: random.Random, M: int) -> dict:
@@ -133,6 +146,10 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
     bands = None
     if rng.random() < 0.35:
         bands = [0, 0, 0, 1, 1, -2, 7, None] + [2**63] * (rng.random() < 0.1)
+        if rng.random() < 0.5:  # weighted bands from the start
+            weights = _random_band_weights(rng)
+            fast.set_band_weights(weights)
+            ref.set_band_weights(weights)
     known: list[int] = []
     next_rid = [0]
     for i in range(n_ops):
@@ -147,6 +164,9 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
         assert all(x == y for x, y in credits), f"seed {seed} op {i}: credits {credits}"
         tallies = [(fast.client_tokens(c), ref.client_tokens(c)) for c in CLIENTS]
         assert all(x == y for x, y in tallies), f"seed {seed} op {i}: tokens {tallies}"
+        bands_now = [(fast.band_weights(), fast.band_counters())]
+        bands_now.append((ref.band_weights(), ref.band_counters()))
+        assert bands_now[0] == bands_now[1], f"seed {seed} op {i}: bands {bands_now}"
         active = (fast.active_clients(), ref.active_clients())  # also in state()
         assert active[0] == active[1], f"seed {seed} op {i}: active_clients {active}"
         assert sum(r for _, r in active[0].values()) == fast.num_running

@@ -46,10 +46,14 @@ fuzz_target!(|data: &[u8]| {
     } else {
         [8i64, 32, 100, 1000][(data[0] & 3) as usize]
     };
-    let policy = [Policy::Vtc, Policy::Lcf, Policy::Fcfs, Policy::Vtc][((data[0] >> 2) & 3) as usize];
+    let policy =
+        [Policy::Vtc, Policy::Lcf, Policy::Fcfs, Policy::Vtc][((data[0] >> 2) & 3) as usize];
     let (wp, wq) = if extreme {
         let prices = [MAX_PRICE, 0.0, 1.0, MAX_PRICE * 2.0];
-        (prices[((data[0] >> 4) & 3) as usize], prices[(data[0] >> 7) as usize * 2])
+        (
+            prices[((data[0] >> 4) & 3) as usize],
+            prices[(data[0] >> 7) as usize * 2],
+        )
     } else {
         (1.0, [2.0, 1.0, 0.5, 3.0][((data[0] >> 4) & 3) as usize])
     };
@@ -110,14 +114,20 @@ fuzz_target!(|data: &[u8]| {
                     let t = [1, most, most + 1, i64::MAX, -1, 0, most, 3][(b(2) & 7) as usize];
                     ids.iter().map(|_| t).collect()
                 } else {
-                    ids.iter().map(|&i| (i as i64 % 5) - (b(2) % 7 == 0) as i64).collect()
+                    ids.iter()
+                        .map(|&i| (i as i64 % 5) - (b(2) % 7 == 0) as i64)
+                        .collect()
                 };
                 let r = s.decode(&ids, Tokens::PerRequest(&toks));
                 engine_mode |= r.is_ok();
                 r
             }
-            8 => s.finish(rid).inspect(|_| assert_eq!(model.remove(&rid), Some(St::Running))),
-            9 => s.cancel(rid).inspect(|_| assert!(model.remove(&rid).is_some())),
+            8 => s
+                .finish(rid)
+                .inspect(|_| assert_eq!(model.remove(&rid), Some(St::Running))),
+            9 => s
+                .cancel(rid)
+                .inspect(|_| assert!(model.remove(&rid).is_some())),
             10 if b(1) & 1 == 0 => s.preempt(rid).inspect(|_| {
                 assert_eq!(model.insert(rid, St::Waiting), Some(St::Running));
             }),
@@ -139,15 +149,38 @@ fuzz_target!(|data: &[u8]| {
                     Ok(())
                 }
                 1 if extreme => {
-                    let w = [MIN_WEIGHT, MAX_WEIGHT, MIN_WEIGHT / 2.0, MAX_WEIGHT * 2.0, 5e-324]
-                        [(b(1) % 8 % 5) as usize];
-                    let w = if b(1) & 0x80 != 0 { [f64::NAN, f64::INFINITY][(b(1) & 1) as usize] } else { w };
+                    let w = [
+                        MIN_WEIGHT,
+                        MAX_WEIGHT,
+                        MIN_WEIGHT / 2.0,
+                        MAX_WEIGHT * 2.0,
+                        5e-324,
+                    ][(b(1) % 8 % 5) as usize];
+                    let w = if b(1) & 0x80 != 0 {
+                        [f64::NAN, f64::INFINITY][(b(1) & 1) as usize]
+                    } else {
+                        w
+                    };
                     s.set_weight(c, w)
+                }
+                1 if b(1) & 0x40 != 0 => {
+                    // weighted bands on (sometimes a bad weight), changed, or off
+                    let w = [4.0, 0.5, 1.0, -1.0][(b(1) & 3) as usize];
+                    match b(1) >> 4 & 3 {
+                        0 => s.set_band_weights(None),
+                        _ => s.set_band_weights(Some(&[(0, w), (-1, 2.0), (7, 1.0)])),
+                    }
                 }
                 1 => s.set_weight(c, [0.5, 1.0, 2.0, -1.0][(b(1) & 3) as usize]),
                 2 if extreme => {
-                    let v = [MAX_COUNTER, -MAX_COUNTER, MAX_COUNTER * 2.0, f64::INFINITY, f64::NAN, 1e29]
-                        [(b(1) % 6) as usize];
+                    let v = [
+                        MAX_COUNTER,
+                        -MAX_COUNTER,
+                        MAX_COUNTER * 2.0,
+                        f64::INFINITY,
+                        f64::NAN,
+                        1e29,
+                    ][(b(1) % 6) as usize];
                     s.raise_counter(c, v)
                 }
                 2 => s.raise_counter(c, b(1) as f64 * 10.0),
@@ -166,7 +199,11 @@ fuzz_target!(|data: &[u8]| {
             },
         };
         if res.is_err() {
-            assert_eq!(fingerprint(&s, &clients), before, "a failed operation changed state");
+            assert_eq!(
+                fingerprint(&s, &clients),
+                before,
+                "a failed operation changed state"
+            );
         }
         s.check_invariants().unwrap();
         for (&r, &st) in &model {

@@ -135,6 +135,7 @@ class Scheduler:
         cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
+        band_weights: Mapping[int, float] | None = None,
     ) -> None: ...
     @property
     def cost(self) -> Cost:
@@ -171,6 +172,24 @@ class Scheduler:
     @property
     def num_clients(self) -> int:
         """Clients the scheduler has seen (by submit or set_weight)."""
+    def set_band_weights(self, weights: Mapping[int, float] | None) -> None:
+        """Weighted priority bands (``None``: strict bands, the default).
+
+        While several bands are backlogged they share service in proportion to
+        their weights (a priority not listed weighs 1): the band with the least
+        band counter (its requests' actual service divided by its weight; before
+        client weights, without length predictions) is served first, VTC among
+        the clients inside it. A band entering the backlog is lifted to the least
+        band counter of the backlogged ones. Two bands backlogged over an interval
+        stay within ``2·max(wp·L_input, wq·M) / min(w_a, w_b)`` of each other.
+        Counters of live bands are kept across a change of weights. Every pair is
+        checked before anything changes.
+        """
+    def band_weights(self) -> dict[int, float] | None:
+        """The band weights by priority, or ``None`` under strict bands."""
+    def band_counters(self) -> dict[int, float]:
+        """Under weighted bands, the counter of each band with live requests, by
+        priority (empty under strict bands). Not kept in snapshots."""
     def set_weight(self, client: ClientKey, weight: float) -> None:
         """Weighted VTC: every later charge to ``client`` is divided by ``weight`` (> 0, finite)."""
     def raise_counter(self, client: ClientKey, value: float) -> None:
@@ -357,13 +376,14 @@ class Scheduler:
         cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
+        band_weights: Mapping[int, float] | None = None,
     ) -> Scheduler:
         """A scheduler with the fairness state of ``data`` and no requests.
 
         The snapshot keeps ``M``, ``wp``, ``wq`` and the policy only: pass ``cost``,
-        ``client_cap`` and ``predictor`` again to restore a scheduler that used them
-        (refund credits and moving averages are not kept; every client's
-        ``tokens()`` tally starts at ``(0, 0)``).
+        ``client_cap``, ``predictor`` and ``band_weights`` again to restore a scheduler
+        that used them (refund credits, moving averages and band counters are not
+        kept; every client's ``tokens()`` tally starts at ``(0, 0)``).
 
         Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
         version.

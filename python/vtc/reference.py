@@ -39,6 +39,26 @@ The rules
   backlog; if there is no such client, there is no lift.  A client leaves the
   backlog when its last waiting request (of any band) is admitted, set aside
   or cancelled.  With every priority equal this is the plain VTC lift.
+* Weighted bands (``band_weights={priority: weight}``; ``None``, the default,
+  is strict bands): bands share the machine instead of taking turns by
+  urgency.  Every band with a live request has a *band counter*: the service
+  its requests received, divided by its weight (a priority not in the
+  mapping weighs 1).  It grows by ``cost.prefill(prompt - cached) * (1 /
+  band_weight)`` at a request's first admission and by ``cost.decode(sums of
+  every token its requests generated in the call) * (1 / band_weight)`` per
+  band and decode call: actual service, before the client's weight, with no
+  length prediction.  ``schedule()`` takes the band with the least ``(band
+  counter, priority)`` among those with a selectable client, then the
+  client as above; no skipping.  A band is *backlogged* while a client waits
+  in it.  The band lift (``vtc`` only): a request submitted in a band that
+  is not backlogged sets its counter to ``max(counter, floor)``, the floor
+  being the least band counter over backlogged bands; if none, the counter
+  of the band that last left the backlog (its value when its last request
+  left, if it has none now); a band with no live request starts at the
+  floor (at 0 without one).  A band counter goes with the band's last live
+  request.  Preemption and ``put_back`` lift no band.  Two bands ``a, b``
+  backlogged over an interval keep ``|V_a - V_b| <= 2 * max(wp * L_input,
+  wq * M) / min(w_a, w_b)`` (``docs/priority.md``).
 * ``set_aside()`` takes the request ``peek()`` names out of its client's queue
   without admitting or charging it (an engine skipped it); ``put_back(rid)``
   returns it to the head of its band's queue with its submit seq and without a
@@ -242,6 +262,15 @@ class _Request:
     priority: int = 0  # its band: smaller is more urgent
 
 
+@dataclass
+class _Share:
+    """A band's counter under weighted bands, while the band has live requests."""
+
+    counter: float = 0.0
+    inv_w: float = 1.0
+    live: int = 0  # live requests of this priority (waiting, set aside or running)
+
+
 def _as_int(name: str, value) -> int:
     """An int, or anything with ``__index__`` (numpy integers); never a bool.
     An exception raised inside ``__index__`` propagates."""
@@ -311,6 +340,22 @@ def _check_client(client):
     return client
 
 
+def _check_band_weights(band_weights) -> dict | None:
+    """``None`` (strict bands) or a mapping of priority to weight, copied."""
+    if band_weights is None:
+        return None
+    if not isinstance(band_weights, Mapping):
+        kind = type(band_weights).__name__
+        raise TypeError(f"band_weights must be a mapping of priority to weight, got {kind}")
+    out = {}
+    for p, w in list(band_weights.items()):
+        p = _as_int("priority", p)
+        if not -(2**63) <= p < 2**63:
+            raise InvalidArgumentError(f"priority {p} does not fit in 64 bits")
+        out[p] = _check_weight(w)
+    return out
+
+
 def _check_weight(weight) -> float:
     w = _as_float("weight", weight)
     if not MIN_WEIGHT <= w <= MAX_WEIGHT:
@@ -333,6 +378,7 @@ class Scheduler:
         cost=None,
         client_cap: int | float | None = None,
         predictor: str | None = None,
+        band_weights=None,
     ) -> None:
         M = _check_int("M", M, 1)
         if M > MAX_BUDGET:
@@ -386,6 +432,10 @@ class Scheduler:
         self._admit_seq = 0
         self._last_left = None
         self.occupancy = 0
+        self._band_weights = None
+        self._shares: dict[int, _Share] = {}
+        self._band_last_left = None  # (priority, value when its share went)
+        self.set_band_weights(band_weights)
 
     # -- read-only views ---------------------------------------------------
     @property
@@ -469,6 +519,30 @@ class Scheduler:
                 raised += 1
         return raised
 
+    def set_band_weights(self, band_weights) -> None:
+        """Weighted bands with these weights (a priority not listed weighs 1),
+        or strict bands with ``None``.  Band counters of live bands are kept
+        across a change of weights; switching modes starts them at 0."""
+        weights = _check_band_weights(band_weights)
+        if weights is None:
+            self._shares = {}
+        elif self._band_weights is None:
+            self._shares = {}
+            for r in self._requests.values():
+                self._shares.setdefault(r.priority, _Share()).live += 1
+        if weights is None or self._band_weights is None:
+            self._band_last_left = None
+        self._band_weights = weights
+        for p, sh in self._shares.items():
+            sh.inv_w = 1.0 / weights.get(p, 1.0)
+
+    def band_weights(self) -> dict | None:
+        return None if self._band_weights is None else dict(self._band_weights)
+
+    def band_counters(self) -> dict:
+        """Weighted bands: each live band's counter, by priority; else empty."""
+        return {p: sh.counter for p, sh in sorted(self._shares.items())}
+
     # -- the policy --------------------------------------------------------
     def _backlogged(self, band=None) -> list:
         """The clients with waiting requests (of priority ``band`` if given)."""
@@ -492,6 +566,8 @@ class Scheduler:
         q.remove(r.rid)
         if not q:
             del c.bands[r.priority]
+            if self._band_weights is not None and not self._backlogged(r.priority):
+                self._band_last_left = (r.priority, None)
         if not c.bands:
             self._last_left = r.client
 
@@ -517,7 +593,11 @@ class Scheduler:
         backlog = [k for k in self._backlogged() if k not in exclude]
         if not backlog:
             return None
-        band = min(p for k in backlog for p in self._clients[k].bands)
+        bands = {p for k in backlog for p in self._clients[k].bands}
+        if self._band_weights is None:
+            band = min(bands)
+        else:
+            band = min(bands, key=lambda p: (self._shares[p].counter, p))
         k = min(
             (k for k in backlog if band in self._clients[k].bands),
             key=lambda k: self._key(k, band),
@@ -542,6 +622,22 @@ class Scheduler:
             c.counter = raised
         else:
             c.counter = max(c.counter, floor)
+
+    def _lift_band(self, p) -> None:
+        """place_entity for bands: a band entering the backlog banks no idleness."""
+        backlog = {q for k in self._backlogged() for q in self._clients[k].bands}
+        floor = None
+        if backlog:
+            floor = min(self._shares[q].counter for q in backlog)
+        elif self._band_last_left is not None:
+            q, value = self._band_last_left
+            floor = self._shares[q].counter if q in self._shares else value
+        sh = self._shares.get(p)
+        if sh is None:
+            sh = self._shares[p] = _Share(inv_w=1.0 / self._band_weights.get(p, 1.0))
+            sh.counter = 0.0 if floor is None or self.policy != "vtc" else floor
+        elif floor is not None and self.policy == "vtc":
+            sh.counter = max(sh.counter, floor)
 
     def submit(
         self, request_id, client, prompt_len, cached_len=None, predicted_output=None, priority=None
@@ -576,6 +672,10 @@ class Scheduler:
         c = self._clients.setdefault(client, _Client())
         if priority not in c.bands and self.policy == "vtc":
             self._lift(client, priority)
+        if self._band_weights is not None:
+            if not self._backlogged(priority):
+                self._lift_band(priority)
+            self._shares[priority].live += 1
         self._seq += 1
         r = _Request(
             rid, client, prompt_len, self._seq, cached, predicted_given=predicted, priority=priority
@@ -604,6 +704,9 @@ class Scheduler:
             elif self.predictor == "mean" and c.mean_output is not None:
                 r.predicted = math.floor(c.mean_output)
             amount = self.cost.prefill(r.prompt - r.cached)
+            sh = self._shares.get(r.priority)
+            if sh is not None:
+                sh.counter += amount * sh.inv_w
             c.prompt_tokens = min(c.prompt_tokens + r.prompt - r.cached, U64_MAX)
             c.decode_tokens = min(c.decode_tokens + r.predicted, U64_MAX)
             if r.predicted > 0:
@@ -704,6 +807,19 @@ class Scheduler:
         for i, v in enumerate(self._sums(r.prompt, g, end - g)):
             sums[i] += v
 
+    def _add_band_tokens(self, per_band: dict, r: _Request, t: int) -> None:
+        """Weighted bands: every new token of ``r`` (predicted or not) to its band's sums."""
+        if self._band_weights is None or t == 0:
+            return
+        sums = per_band.setdefault(r.priority, [0, 0, 0, 0])
+        for i, v in enumerate(self._sums(r.prompt, r.generated, t)):
+            sums[i] += v
+
+    def _charge_bands(self, per_band: dict) -> None:
+        for p, sums in per_band.items():
+            sh = self._shares[p]
+            sh.counter += self.cost.decode(*sums) * sh.inv_w
+
     def _charge_tokens(self, per_client: dict) -> None:
         for k, sums in per_client.items():
             c = self._clients[k]
@@ -777,11 +893,14 @@ class Scheduler:
                 f"request_ids has more than {len(rids)} items, more than there are running requests"
             )
         per_client: dict = {}
+        per_band: dict = {}
         for r, t in reqs:
             self._add_tokens(per_client, r, t)
+            self._add_band_tokens(per_band, r, t)
             r.generated += t
             self.occupancy += t
         self._charge_tokens(per_client)
+        self._charge_bands(per_band)
         return []
 
     def _decode_all(self) -> list[int]:
@@ -815,12 +934,15 @@ class Scheduler:
             for rid in victims:
                 self.preempt(rid)
         per_client: dict = {}
+        per_band: dict = {}
         for rid in self._running:
             r = self._requests[rid]
             self._add_tokens(per_client, r, 1)
+            self._add_band_tokens(per_band, r, 1)
             r.generated += 1
         self.occupancy += len(self._running)
         self._charge_tokens(per_client)
+        self._charge_bands(per_band)
         return victims
 
     def preempt(self, request_id) -> None:
@@ -840,7 +962,19 @@ class Scheduler:
         self._running.remove(r.rid)
         self.occupancy -= r.prompt + r.generated
         self._clients[r.client].occupancy -= r.prompt + r.generated
+        self._forget(r)
+
+    def _forget(self, r: _Request) -> None:
+        """A request leaves for good; under weighted bands its band's counter goes
+        with the band's last live request."""
         del self._requests[r.rid]
+        sh = self._shares.get(r.priority)
+        if sh is not None:
+            sh.live -= 1
+            if sh.live == 0:
+                del self._shares[r.priority]
+                if self._band_last_left is not None and self._band_last_left[0] == r.priority:
+                    self._band_last_left = (r.priority, sh.counter)
 
     def cancel(self, request_id) -> None:
         r = self._get(request_id)
@@ -853,7 +987,7 @@ class Scheduler:
             pass  # out of every queue already
         else:
             self._dequeue(r)
-        del self._requests[r.rid]
+        self._forget(r)
 
     def clients(self) -> list:
         return list(self._clients)

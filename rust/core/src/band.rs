@@ -73,3 +73,119 @@ pub(crate) struct Band {
     /// Entities in this band (in the heap, or parked by a capped schedule).
     pub n_entities: usize,
 }
+
+/*
+ * Weighted bands: a fair share of bands first, of clients inside each.
+ *
+ * With band weights set, every band with a live request has a *band
+ * counter*: the service its requests received (prefill at first admission,
+ * every generated token; before the client's weight and any prediction)
+ * divided by the band's weight. Admission takes the band with the least
+ * (band counter, priority) among those with a selectable client, then the
+ * least client counter inside it. A band that enters the backlog (a request
+ * submitted where nobody waits) is lifted to the least band counter over
+ * the backlogged bands, or, with none, to the counter of the band that
+ * last left the backlog: the client rule one level up, so that two bands
+ * backlogged over an interval keep
+ *
+ *     |V_a - V_b| <= 2 * max(wp * L_input, wq * M) / min(w_a, w_b).
+ *
+ * Shares live while their band has live requests (waiting, set aside or
+ * running: running ones are still charged), so memory follows the live
+ * requests whatever priorities an engine hands over; they are kept sorted
+ * by priority and found by binary search.
+ */
+
+use crate::cost::Pending;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Share {
+    pub priority: i64,
+    pub counter: f64,
+    pub inv_w: f64,
+    /// Live requests of this priority.
+    pub live: u64,
+    /// A decode call's token sums for this band, charged at its end.
+    pub pending: Pending,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Shares {
+    /// The configured weights by priority, sorted; others weigh 1.
+    pub weights: Vec<(i64, f64)>,
+    /// Bands with live requests, sorted by priority.
+    pub live: Vec<Share>,
+    /// The band that last left the backlog, and its counter when its share
+    /// went (read only while it has none).
+    pub last_left: Option<(i64, f64)>,
+    /// Scratch: the shares a decode call touched (indices into `live`).
+    pub touched: Vec<u32>,
+}
+
+impl Shares {
+    pub fn weight_of(&self, priority: i64) -> f64 {
+        self.weights
+            .binary_search_by_key(&priority, |&(p, _)| p)
+            .map_or(1.0, |i| self.weights[i].1)
+    }
+
+    #[inline]
+    pub fn slot(&self, priority: i64) -> std::result::Result<usize, usize> {
+        self.live.binary_search_by_key(&priority, |s| s.priority)
+    }
+
+    pub fn get(&self, priority: i64) -> Option<&Share> {
+        self.slot(priority).ok().map(|i| &self.live[i])
+    }
+
+    pub fn get_mut(&mut self, priority: i64) -> Option<&mut Share> {
+        self.slot(priority).ok().map(|i| &mut self.live[i])
+    }
+
+    /// The counter the band that last left the backlog stands at.
+    pub fn last_left_counter(&self) -> Option<f64> {
+        let (p, value) = self.last_left?;
+        Some(self.get(p).map_or(value, |s| s.counter))
+    }
+
+    /// Add `tokens` generated after `before` by a request of band `priority`
+    /// with prompt `prompt` to its band's sums.
+    #[inline]
+    pub fn add_tokens(&mut self, priority: i64, prompt: u64, before: u64, tokens: u64) {
+        let i = self
+            .slot(priority)
+            .expect("a live request's band has a share");
+        let sh = &mut self.live[i];
+        if sh.pending.t == 0 {
+            self.touched.push(i as u32);
+        }
+        sh.pending.add(prompt, before, tokens);
+    }
+
+    /// Charge every touched band its decode call's sums.
+    pub fn charge_touched(&mut self, cost: &crate::cost::Cost) {
+        for &i in &self.touched {
+            let sh = &mut self.live[i as usize];
+            let sums = std::mem::take(&mut sh.pending);
+            sh.counter += cost.decode(&sums) * sh.inv_w;
+        }
+        self.touched.clear();
+    }
+
+    /// A live request of band `priority` leaves for good: the share goes
+    /// with the band's last one.
+    pub fn release(&mut self, priority: i64) {
+        let i = self
+            .slot(priority)
+            .expect("a live request's band has a share");
+        self.live[i].live -= 1;
+        if self.live[i].live == 0 {
+            let sh = self.live.remove(i);
+            if let Some((p, v)) = &mut self.last_left {
+                if *p == priority {
+                    *v = sh.counter;
+                }
+            }
+        }
+    }
+}

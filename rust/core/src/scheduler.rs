@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 
-use crate::band::{Band, Entity, NO_ENTITY};
+use crate::band::{Band, Entity, Share, Shares, NO_ENTITY};
 use crate::client::{Client, ClientId, QueueEntry};
 use crate::cost::{Cost, Pending};
 use crate::error::{CoreError, Op, Result};
@@ -248,6 +248,8 @@ pub struct Scheduler {
     /// By client id: the `mean` predictor's moving average of finished
     /// output lengths (`None` before the first finish).
     means: Vec<Option<f64>>,
+    /// Weighted bands (see `band`); `None`: strict bands.
+    shares: Option<Box<Shares>>,
 }
 
 impl Scheduler {
@@ -293,6 +295,7 @@ impl Scheduler {
             parked: Vec::new(),
             extra: Vec::new(),
             means: Vec::new(),
+            shares: None,
         })
     }
 
@@ -525,6 +528,67 @@ impl Scheduler {
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
         Ok(())
+    }
+
+    /// Weighted bands with these `(priority, weight)` pairs (a priority not
+    /// listed weighs 1; a repeated priority keeps its last weight), or strict
+    /// bands with `None` (see `band`). The counters of live bands are kept
+    /// across a change of weights; switching modes starts them at 0. Fails,
+    /// changing nothing, on a weight out of range.
+    pub fn set_band_weights(&mut self, weights: Option<&[(i64, f64)]>) -> Result<()> {
+        let Some(weights) = weights else {
+            self.shares = None;
+            return Ok(());
+        };
+        if let Some(&(_, w)) = weights.iter().find(|&&(_, w)| !weight_ok(w)) {
+            return Err(CoreError::InvalidWeight(w));
+        }
+        let mut sorted: Vec<(i64, f64)> = Vec::with_capacity(weights.len());
+        for &(p, w) in weights {
+            match sorted.iter_mut().find(|(q, _)| *q == p) {
+                Some(x) => x.1 = w,
+                None => sorted.push((p, w)),
+            }
+        }
+        sorted.sort_by_key(|&(p, _)| p);
+        let shares = self.shares.get_or_insert_with(|| {
+            let mut sh = Shares::default();
+            for r in self.requests.iter().filter(|r| r.state != Slot::Free) {
+                match sh.slot(r.priority) {
+                    Ok(i) => sh.live[i].live += 1,
+                    Err(i) => sh.live.insert(
+                        i,
+                        Share {
+                            priority: r.priority,
+                            counter: 0.0,
+                            inv_w: 1.0,
+                            live: 1,
+                            pending: Pending::default(),
+                        },
+                    ),
+                }
+            }
+            Box::new(sh)
+        });
+        shares.weights = sorted;
+        for i in 0..shares.live.len() {
+            shares.live[i].inv_w = 1.0 / shares.weight_of(shares.live[i].priority);
+        }
+        Ok(())
+    }
+
+    /// The band weights set with [`set_band_weights`](Self::set_band_weights)
+    /// (`None`: strict bands), sorted by priority.
+    pub fn band_weights(&self) -> Option<&[(i64, f64)]> {
+        self.shares.as_ref().map(|s| &s.weights[..])
+    }
+
+    /// Under weighted bands, each band with live requests and its counter,
+    /// by priority (nothing under strict bands).
+    pub fn band_counters(&self) -> impl Iterator<Item = (i64, f64)> + '_ {
+        self.shares
+            .iter()
+            .flat_map(|s| s.live.iter().map(|x| (x.priority, x.counter)))
     }
 
     /// Raise `c`'s counter to at least `value` (never lowers it). For
@@ -829,6 +893,11 @@ impl Scheduler {
                 .expect("live band is ordered");
             self.order.remove(i);
             self.free_bands.push(b);
+            let priority = self.bands[b as usize].priority;
+            if let Some(sh) = &mut self.shares {
+                // the value is read only once the share is gone, which sets it
+                sh.last_left = Some((priority, f64::NAN));
+            }
         }
     }
 
@@ -837,6 +906,9 @@ impl Scheduler {
     /// passed over).
     #[inline(always)]
     fn top_entity(&self) -> Option<u32> {
+        if let Some(sh) = &self.shares {
+            return self.top_entity_weighted(sh);
+        }
         let (&first, rest) = self.order.split_first()?;
         match self.bands[first as usize].heap.top() {
             Some((e, _)) => Some(e),
@@ -844,6 +916,69 @@ impl Scheduler {
                 .iter()
                 .find_map(|&b| self.bands[b as usize].heap.top())
                 .map(|(e, _)| e),
+        }
+    }
+
+    /// Weighted bands: the least key of the band with the least (band
+    /// counter, priority) among those with a selectable entity.
+    fn top_entity_weighted(&self, shares: &Shares) -> Option<u32> {
+        let mut best: Option<(f64, u32)> = None;
+        // `order` is by priority, so the first of equal counters is the most urgent
+        for &b in &self.order {
+            let band = &self.bands[b as usize];
+            let Some((e, _)) = band.heap.top() else {
+                continue;
+            };
+            let v = shares
+                .get(band.priority)
+                .expect("a backlogged band has a share")
+                .counter;
+            if best.is_none_or(|(bv, _)| v < bv) {
+                best = Some((v, e));
+            }
+        }
+        best.map(|(_, e)| e)
+    }
+
+    /*
+     * place_band: the band lift (weighted bands only, vtc only; see `band`).
+     * A band entering the backlog is placed at max(its counter, the least
+     * band counter over the backlogged bands), or, with none backlogged, at
+     * the counter of the band that last left; a band with no live request
+     * starts there (at 0 without a floor). Called before the request counts
+     * in its band.
+     */
+    fn place_band(&mut self, priority: i64) {
+        let vtc = self.policy == Policy::Vtc;
+        let least = self
+            .order
+            .iter()
+            .map(|&b| self.bands[b as usize].priority)
+            .filter_map(|p| self.shares.as_ref().and_then(|s| s.get(p)))
+            .map(|s| s.counter)
+            .reduce(f64::min);
+        let shares = self.shares.as_mut().expect("weighted bands");
+        let floor = least.or_else(|| shares.last_left_counter()).filter(|_| vtc);
+        match shares.slot(priority) {
+            Ok(i) => {
+                if let Some(f) = floor {
+                    let sh = &mut shares.live[i];
+                    sh.counter = sh.counter.max(f);
+                }
+            }
+            Err(i) => {
+                let inv_w = 1.0 / shares.weight_of(priority);
+                shares.live.insert(
+                    i,
+                    Share {
+                        priority,
+                        counter: floor.unwrap_or(0.0),
+                        inv_w,
+                        live: 0,
+                        pending: Pending::default(),
+                    },
+                );
+            }
         }
     }
 
@@ -1117,6 +1252,14 @@ impl Scheduler {
         if entity.is_none() && self.policy == Policy::Vtc {
             self.place_entity(k, priority);
         }
+        if self.shares.is_some() {
+            if self.find_band(priority).is_none() {
+                self.place_band(priority);
+            }
+            let shares = self.shares.as_mut().expect("weighted bands");
+            let i = shares.slot(priority).expect("placed");
+            shares.live[i].live += 1;
+        }
         self.seq += 1;
         let seq = self.seq;
         let slot = self.alloc_slot(Request {
@@ -1195,6 +1338,9 @@ impl Scheduler {
             r.predicted = predicted;
             (prompt_tokens, decode_tokens) = (r.prompt - r.cached, predicted);
             let prefill = cost.prefill(r.prompt - r.cached);
+            if let Some(sh) = self.shares.as_mut().and_then(|s| s.get_mut(r.priority)) {
+                sh.counter += prefill * sh.inv_w;
+            }
             Some(if predicted > 0 {
                 let mut p = Pending::default();
                 p.add(r.prompt, 0, predicted);
@@ -1362,6 +1508,14 @@ impl Scheduler {
         self.touched.clear();
     }
 
+    /// Weighted bands: charge every band its decode call's tokens.
+    #[inline(always)]
+    fn charge_bands(&mut self) {
+        if let Some(sh) = &mut self.shares {
+            sh.charge_touched(&self.cost);
+        }
+    }
+
     /// Record that a request of client `c` with prompt `prompt`, having
     /// generated `before` tokens and with `predicted` tokens pre-charged,
     /// generated `tokens > 0` more; only the tokens beyond the prediction
@@ -1413,11 +1567,16 @@ impl Scheduler {
             let s = self.running[i];
             let r = &mut self.requests[s as usize];
             let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
+            let priority = r.priority;
             r.generated += 1;
             self.add_pending(c, prompt, before, 1, pred);
+            if let Some(sh) = &mut self.shares {
+                sh.add_tokens(priority, prompt, before, 1);
+            }
         }
         self.occupancy += keep as u128;
         self.charge_touched();
+        self.charge_bands();
         Ok(())
     }
 
@@ -1547,15 +1706,20 @@ impl Scheduler {
             let t = tokens.at(i) as u64;
             let r = &mut self.requests[s as usize];
             let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
+            let priority = r.priority;
             r.generated += t;
             total += u128::from(t);
             if t > 0 {
                 self.add_pending(c, prompt, before, t, pred);
+                if let Some(sh) = &mut self.shares {
+                    sh.add_tokens(priority, prompt, before, t);
+                }
             }
         }
         self.slots = slots;
         self.occupancy += total;
         self.charge_touched();
+        self.charge_bands();
         Ok(())
     }
 
@@ -1725,6 +1889,7 @@ impl Scheduler {
         self.settle(s, true);
         self.remove_running(s);
         self.free_slot(s);
+        self.release_band(self.requests[s as usize].priority);
         Ok(())
     }
 
@@ -1732,6 +1897,7 @@ impl Scheduler {
     /// (an abort) releases its KV tokens like `finish`.
     pub fn cancel(&mut self, rid: u64) -> Result<()> {
         let s = self.slot_of(rid)?;
+        let priority = self.requests[s as usize].priority;
         match self.requests[s as usize].state {
             Slot::Running => {
                 self.settle(s, false);
@@ -1764,7 +1930,17 @@ impl Scheduler {
             }
             Slot::Free => unreachable!("indexed request {rid} in a free slot"),
         }
+        self.release_band(priority);
         Ok(())
+    }
+
+    /// Weighted bands: a request of band `priority` has left for good (after
+    /// its band's backlog is updated, so a band leaving both at once records
+    /// its counter as the last to leave).
+    fn release_band(&mut self, priority: i64) {
+        if let Some(sh) = &mut self.shares {
+            sh.release(priority);
+        }
     }
 
     /// The bands: ordered by priority, each heap in order over entities of
@@ -1855,9 +2031,35 @@ impl Scheduler {
         Ok(en.n_waiting)
     }
 
+    /// Weighted bands: one share per priority with live requests, sorted,
+    /// counting them; every backlogged band has one.
+    fn check_shares(&self) -> std::result::Result<(), String> {
+        let Some(sh) = &self.shares else {
+            return Ok(());
+        };
+        let mut live: Vec<(i64, u64)> = Vec::new();
+        for r in self.requests.iter().filter(|r| r.state != Slot::Free) {
+            match live.binary_search_by_key(&r.priority, |x| x.0) {
+                Ok(i) => live[i].1 += 1,
+                Err(i) => live.insert(i, (r.priority, 1)),
+            }
+        }
+        let have: Vec<(i64, u64)> = sh.live.iter().map(|x| (x.priority, x.live)).collect();
+        if have != live {
+            return Err(format!(
+                "band shares {have:?} != live requests by band {live:?}"
+            ));
+        }
+        if sh.live.iter().any(|x| x.pending != Pending::default()) || !sh.touched.is_empty() {
+            return Err("band shares hold a decode call's sums".into());
+        }
+        Ok(())
+    }
+
     /// Check every structural invariant (tests and fuzzing; O(n)).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.check_bands()?;
+        self.check_shares()?;
         let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {

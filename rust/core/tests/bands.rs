@@ -170,3 +170,47 @@ fn bands_and_entities_follow_the_waiting_requests() {
     s.schedule(&mut out);
     assert_eq!(out, vec![10_001, 10_002, 10_000]);
 }
+
+#[test]
+fn weighted_bands_share_service_by_weight() {
+    let (mut s, c) = sched(1000, Policy::Vtc);
+    s.set_band_weights(Some(&[(0, 4.0), (1, 1.0)])).unwrap();
+    let mut rid = 0;
+    for _ in 0..100 {
+        for (client, priority) in [(c[0], 0), (c[1], 1)] {
+            rid += 1;
+            submit(&mut s, rid, client, 10, priority);
+        }
+    }
+    let mut urgent = 0;
+    for _ in 0..100 {
+        let r = s.pop().unwrap();
+        urgent += usize::from(r % 2 == 1);
+        s.decode(&[r], Tokens::PerRequest(&[10])).unwrap();
+        s.finish(r).unwrap();
+        s.check_invariants().unwrap();
+    }
+    assert!((78..=82).contains(&urgent), "{urgent}");
+    let counters: Vec<(i64, f64)> = s.band_counters().collect();
+    assert_eq!(counters.len(), 2);
+    assert!(
+        (counters[0].1 - counters[1].1).abs() <= 30.0,
+        "{counters:?}"
+    );
+}
+
+#[test]
+fn bad_band_weights_change_nothing_and_shares_follow_live_requests() {
+    let (mut s, c) = sched(1000, Policy::Vtc);
+    submit(&mut s, 1, c[0], 10, 3);
+    assert!(s.set_band_weights(Some(&[(0, 2.0), (1, 0.0)])).is_err());
+    assert_eq!(s.band_weights(), None);
+    s.set_band_weights(Some(&[(3, 2.0), (3, 4.0)])).unwrap();
+    assert_eq!(s.band_weights(), Some(&[(3, 4.0)][..]));
+    assert_eq!(s.band_counters().collect::<Vec<_>>(), vec![(3, 0.0)]);
+    assert_eq!(s.pop(), Some(1));
+    assert_eq!(s.band_counters().collect::<Vec<_>>(), vec![(3, 2.5)]);
+    s.finish(1).unwrap();
+    assert_eq!(s.band_counters().count(), 0);
+    s.check_invariants().unwrap();
+}

@@ -17,8 +17,8 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyMemoryView,
-    PyString, PyTuple,
+    IntoPyDict, PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping,
+    PyMemoryView, PyString, PyTuple,
 };
 use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
 
@@ -147,6 +147,38 @@ fn request_id_arg(obj: &Bound<'_, PyAny>) -> Result<u64> {
 fn i64_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i64> {
     let v = int_arg(what, obj)?;
     i64::try_from(v).map_err(|_| invalid(format!("{what} {v} does not fit in 64 bits")))
+}
+
+/// `band_weights`: None (strict bands) or a mapping of priority to weight,
+/// each pair checked in order (the priority, then its weight).
+fn band_weights_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<Vec<(i64, f64)>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = if let Ok(d) = obj.cast::<PyDict>() {
+        d.iter().collect()
+    } else if let Ok(m) = obj.cast::<PyMapping>() {
+        m.items()?
+            .iter()
+            .map(|t| t.extract())
+            .collect::<PyResult<_>>()?
+    } else {
+        return Err(type_error(
+            "band_weights",
+            "a mapping of priority to weight",
+            obj,
+        ));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (p, w) in &items {
+        let p = i64_arg("priority", p)?;
+        let w = float_arg("weight", w)?;
+        if !vtc_core::limits::weight_ok(w) {
+            return Err(CoreError::InvalidWeight(w).into());
+        }
+        out.push((p, w));
+    }
+    Ok(Some(out))
 }
 
 fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
@@ -893,8 +925,8 @@ impl PyScheduler {
 #[pymethods]
 impl PyScheduler {
     #[new]
-    #[pyo3(signature = (M, wp = None, wq = None, policy = None, *, cost = None, client_cap = None, predictor = None))]
-    #[allow(non_snake_case)]
+    #[pyo3(signature = (M, wp = None, wq = None, policy = None, *, cost = None, client_cap = None, predictor = None, band_weights = None))]
+    #[allow(non_snake_case, clippy::too_many_arguments)]
     fn new(
         M: &Bound<'_, PyAny>,
         wp: Option<&Bound<'_, PyAny>>,
@@ -903,6 +935,7 @@ impl PyScheduler {
         cost: Option<&Bound<'_, PyAny>>,
         client_cap: Option<&Bound<'_, PyAny>>,
         predictor: Option<&Bound<'_, PyAny>>,
+        band_weights: Option<&Bound<'_, PyAny>>,
     ) -> Result<Self> {
         let m = i64_arg("M", M)?;
         let predictor: Predictor = match predictor {
@@ -933,12 +966,14 @@ impl PyScheduler {
                 .to_str()?
                 .parse()?,
         };
+        let band_weights = band_weights_arg(band_weights)?;
         let mut core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
         if let Some(cost) = cost {
             core.set_cost(cost)?;
         }
         core.set_client_cap(cap)?;
         core.set_predictor(predictor);
+        core.set_band_weights(band_weights.as_deref())?;
         Ok(PyScheduler::new_inner(Inner {
             core,
             ints: HashMap::new(),
@@ -969,7 +1004,33 @@ impl PyScheduler {
         if g.core.predictor() != Predictor::None {
             out += &format!(", predictor='{}'", g.core.predictor().name());
         }
+        if let Some(w) = g.core.band_weights() {
+            let pairs: Vec<String> = w.iter().map(|(p, w)| format!("{p}: {w:?}")).collect();
+            out += &format!(", band_weights={{{}}}", pairs.join(", "));
+        }
         out + ")"
+    }
+
+    /// Weighted bands with these weights (a mapping of priority to weight; a
+    /// priority not listed weighs 1), or strict bands with None.
+    fn set_band_weights(&self, py: Python<'_>, weights: &Bound<'_, PyAny>) -> Result<()> {
+        let weights = band_weights_arg(Some(weights))?;
+        let mut g = self.lock(py)?;
+        g.core.set_band_weights(weights.as_deref())?;
+        Ok(())
+    }
+
+    /// The band weights (a dict of priority to weight), or None under strict bands.
+    fn band_weights<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let w: Option<Vec<(i64, f64)>> = self.lock(py)?.core.band_weights().map(|w| w.to_vec());
+        w.map(|w| w.into_py_dict(py)).transpose()
+    }
+
+    /// Under weighted bands, each band with live requests and its counter
+    /// (a dict by priority); empty under strict bands.
+    fn band_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let v: Vec<(i64, f64)> = self.lock(py)?.core.band_counters().collect();
+        v.into_py_dict(py)
     }
 
     /// The cost function (a LinearCost, QuadraticCost or ContextCost).
@@ -1600,15 +1661,17 @@ impl PyScheduler {
 
     /// A scheduler with the fairness state of `data` and no requests.
     #[staticmethod]
-    #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None))]
+    #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None, band_weights = None))]
     fn from_snapshot(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
         cost: Option<&Bound<'_, PyAny>>,
         client_cap: Option<&Bound<'_, PyAny>>,
         predictor: Option<&Bound<'_, PyAny>>,
+        band_weights: Option<&Bound<'_, PyAny>>,
     ) -> Result<Self> {
         let cost = cost.map(cost_arg).transpose()?;
+        let band_weights = band_weights_arg(band_weights)?;
         let predictor: Option<Predictor> = match predictor {
             None => None,
             Some(p) => Some(
@@ -1645,6 +1708,9 @@ impl PyScheduler {
         if let Some(p) = predictor {
             restored.scheduler.set_predictor(p);
         }
+        restored
+            .scheduler
+            .set_band_weights(band_weights.as_deref())?;
         let mut inner = Inner {
             core: restored.scheduler,
             ints: HashMap::new(),
