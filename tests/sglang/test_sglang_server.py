@@ -5,13 +5,14 @@ download) on SGLang's CPU engine with ``--attention-backend torch_native``;
 ``tests/sglang/standin`` stands in for ``sgl_kernel``'s CPU build, whose
 functions this path never calls (each raises if it is). One request runs at a
 time (``--max-running-requests 1``), so the order in which the server finishes
-requests is the order it admitted them.
+requests is the order it admitted them (unless one is preempted).
 
 Everything asserted is read from the server's own records: the queue from
 ``/v1/loads``, completion times from each response's
-``meta_info.response_sent_to_client_ts`` (stamped by the server), tokens from
-``meta_info``. The client only submits: on two busy cores it may be late, and
-nothing here depends on its timing.
+``meta_info.response_sent_to_client_ts`` (stamped by the server), tokens and
+preemptions (``num_retractions``) from ``meta_info``, the plugin's charges from
+its series on ``/metrics``. The client only submits: on two busy cores it may be
+late, and nothing here depends on its timing.
 """
 
 from __future__ import annotations
@@ -472,3 +473,90 @@ def test_aborted_requests_leave_no_state_and_are_charged_what_they_got(metrics_s
         # measured equal here; a step already under way when the abort lands may add one
         got = tokens(m, name, "decode")
         assert meta["completion_tokens"] <= got <= meta["completion_tokens"] + 1, (name, got, meta)
+
+
+# -- priority preemption: an urgent arrival evicts a running batch request --------------
+
+
+@pytest.fixture(scope="module")
+def preemption_server(model_dir, tmp_path_factory) -> Iterator[Server]:
+    """The plugin, one running slot, SGLang's priority scheduling with its priority
+    preemption (on by default: no --disable-priority-preemption), and its metrics.
+    An arrival preempts a running request whose priority is more than the threshold
+    (SGLang's default, 10) below its own. No radix cache: a preempted request's
+    prompt is no cache hit when it is admitted again, so a second prompt charge
+    would show on /metrics (with the cache it would be charged as a hit, 0)."""
+    log = tmp_path_factory.mktemp("sglang-preemption") / "server.log"
+    args = (
+        "--max-running-requests",
+        "1",
+        "--enable-priority-scheduling",
+        "--priority-scheduling-preemption-threshold",
+        "10",
+        "--schedule-policy",
+        "fcfs",
+        "--disable-radix-cache",
+        "--enable-metrics",
+    )
+    env = {"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"}
+    s = Server(model_dir, log, plugin=True, env=env, args=args)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_an_urgent_arrival_preempts_a_running_batch_request_charged_once(preemption_server):
+    """Batch tenant B's long request (priority 1) runs in the one slot; once the
+    server's metrics show it generating, urgent tenant U's request (priority 20)
+    arrives. SGLang preempts B's request (its meta_info counts one retraction), runs
+    U's to completion, then admits B's again, which recomputes its prompt and what
+    it had generated (no cache hit). The plugin records the preemption, and charges
+    B its prompt once and each token it generated once: a re-admitted request pays
+    no prompt. B's request is long enough to be still running when U's arrives even
+    if this client is late by seconds."""
+    server = preemption_server
+    batch_prompt = [200 + i for i in range(24)]  # no prefix shared with U's
+    urgent_prompt = [400 + i for i in range(12)]
+    batch_tokens, urgent_tokens = 1800, 16
+    out: dict[str, Any] = {}
+    threads = [server.generate("B", batch_tokens, out, "B0", prompt=batch_prompt, priority=1)]
+    server.wait_for_metrics(
+        "B0 running and generating",
+        lambda m: requests_of(m, "B") == (0, 1) and tokens(m, "B", "decode") >= 8,
+    )
+    threads.append(
+        server.generate("U", urgent_tokens, out, "U0", prompt=urgent_prompt, priority=20)
+    )
+    for t in threads:
+        t.join(DEADLINE)
+    for name in ("B0", "U0"):
+        assert isinstance(out.get(name), dict), f"{name}: {out.get(name)!r}\n{server.tail()}"
+    metas = {name: out[name]["meta_info"] for name in ("B0", "U0")}
+    assert metas["B0"]["completion_tokens"] == batch_tokens, metas["B0"]
+    assert metas["U0"]["completion_tokens"] == urgent_tokens, metas["U0"]
+
+    # 1. SGLang finished U's request first, though B's was running when it came.
+    sent = {name: meta["response_sent_to_client_ts"] for name, meta in metas.items()}
+    assert sent["U0"] < sent["B0"], metas
+    # 2. SGLang preempted B's request once (and U's never); the plugin saw it.
+    assert metas["B0"]["num_retractions"] == 1, metas["B0"]
+    assert metas["U0"]["num_retractions"] == 0, metas["U0"]
+    m = server.wait_for_metrics(
+        "B and U settled",
+        lambda m: (
+            tokens(m, "B", "decode") >= batch_tokens
+            and requests_of(m, "B") == requests_of(m, "U") == (0, 0)
+        ),
+    )
+    preemptions = ("vtc_tenant_preemptions_total", frozenset({("tenant", "B")}))
+    assert m.get(preemptions) == 1, {k: v for k, v in m.items() if "preempt" in k[0]}
+    assert m.get(("vtc_tenant_preemptions_total", frozenset({("tenant", "U")})), 0) == 0
+    # 3. B paid its prompt once (SGLang computed it twice) and each token once.
+    assert metas["B0"]["prompt_tokens"] == len(batch_prompt)
+    assert metas["B0"]["cached_tokens"] == metas["U0"]["cached_tokens"] == 0, metas
+    assert tokens(m, "B", "prompt") == len(batch_prompt), metas["B0"]
+    assert tokens(m, "B", "decode") == batch_tokens
+    assert tokens(m, "U", "prompt") == len(urgent_prompt)
+    assert tokens(m, "U", "decode") == urgent_tokens
