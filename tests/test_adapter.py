@@ -482,3 +482,25 @@ def test_a_step_that_leaves_a_request_set_aside_is_warned_about_once(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "VTC: 1 skipped request(s) not put back in the waiting queue"
     ]
+
+
+def test_priority_weights_follow_the_engines_priority_order():
+    """VTC_PRIORITY_WEIGHTS names the engine's own priorities: the core's band is
+    order * priority, so the weights are oriented the same way; no order (the
+    engine ignores priorities) leaves strict bands, which are all band 0 then."""
+    core = vtc.Scheduler(M=10_000)
+    adapter = Adapter(core, EngineConfig(priority_weights={0: 4.0, 5: 1.0}))
+    assert core.band_weights() is None
+    adapter.set_priority_order(1)
+    assert core.band_weights() == {0: 4.0, 5: 1.0}
+    adapter.set_priority_order(-1)  # larger values first (SGLang's default)
+    assert core.band_weights() == {0: 4.0, -5: 1.0}
+    adapter.set_priority_order(None)
+    assert core.band_weights() is None
+    assert "weighted bands (0=4, 5=1; others 1)" in adapter.describe_priorities(1)
+    assert "VTC_PRIORITY_WEIGHTS is unused" in adapter.describe_priorities(None)
+    strict = Adapter(vtc.Scheduler(M=100), EngineConfig())
+    strict.set_priority_order(1)
+    assert strict.core.band_weights() is None
+    assert "strict bands" in strict.describe_priorities(1)
+    assert strict.describe_priorities(None) == ""

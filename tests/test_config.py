@@ -34,6 +34,7 @@ def test_every_variable_is_read(tmp_path: Path):
         "VTC_WEIGHTS": "gold=3, free=0.5,,",
         "VTC_WEIGHTS_FILE": str(weights),
         "VTC_WEIGHTS_RELOAD": "2.5",
+        "VTC_PRIORITY_WEIGHTS": " 0=4, -3=0.5,, 9=1 ",
         "VTC_WP": "0.5",
         "VTC_WQ": " 3 ",
         "VTC_MAX_TENANTS": "7",
@@ -50,6 +51,7 @@ def test_every_variable_is_read(tmp_path: Path):
     # the variable wins over the file for the same tenant
     assert dict(cfg.weights) == {"gold": 3.0, "silver": 2.0, "a=b,c": 3.0, "free": 0.5}
     assert (cfg.weights_file, cfg.weights_reload) == (str(weights), 2.5)
+    assert dict(cfg.priority_weights) == {0: 4.0, -3: 0.5, 9: 1.0}
     assert dict(cfg.env_weights) == {"gold": 3.0, "free": 0.5}
     assert (cfg.wp, cfg.wq, cfg.max_tenants) == (0.5, 3.0, 7)
     assert (cfg.log_interval, cfg.trace_interval) == (0.0, 0.25)
@@ -102,6 +104,15 @@ BAD = [
     ({"VTC_WEIGHTS": "a=1e-300"}, "weight of tenant 'a' is '1e-300'"),
     ({"VTC_WEIGHTS": "a=1,a=2"}, "tenant 'a' is given twice"),
     ({"VTC_WEIGHTS": "x" * 129 + "=2"}, "is not a tenant name (1 to 128 characters)"),
+    ({"VTC_PRIORITY_WEIGHTS": "0=4;1=1"}, "weight '4;1=1' is not a number"),
+    ({"VTC_PRIORITY_WEIGHTS": "urgent=4"}, "priority 'urgent' is not an integer"),
+    ({"VTC_PRIORITY_WEIGHTS": "1.5=4"}, "priority '1.5' is not an integer"),
+    ({"VTC_PRIORITY_WEIGHTS": "0"}, "VTC_PRIORITY_WEIGHTS entry '0' has no '='"),
+    ({"VTC_PRIORITY_WEIGHTS": "0=4,0=1"}, "priority 0 is given twice"),
+    ({"VTC_PRIORITY_WEIGHTS": "0=0"}, "weight of priority 0 is '0'"),
+    ({"VTC_PRIORITY_WEIGHTS": "0=nan"}, "weight of priority 0 is 'nan'"),
+    ({"VTC_PRIORITY_WEIGHTS": "0=1e-300"}, "weight of priority 0 is '1e-300'"),
+    ({"VTC_PRIORITY_WEIGHTS": f"{2**63}=2"}, f"priority {2**63} does not fit in 64 bits"),
 ]
 
 
@@ -350,3 +361,9 @@ def test_the_plugin_imports_neither_vllm_nor_torch():
     probe = "import sys, vtc.vllm_plugin; print(sorted({'vllm', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_priority_weights_unset_or_empty_are_strict_bands():
+    assert EngineConfig.from_env({}).priority_weights is None
+    assert C.parse_priority_weights(" , ,") is None
+    assert C.parse_priority_weights("+2=3,-1=1") == {2: 3.0, -1: 1.0}

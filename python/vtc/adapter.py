@@ -809,6 +809,31 @@ class Adapter:
         replaces (one copy, so nothing can read stale weights)."""
         return self.tenancy.config
 
+    def set_priority_order(self, order: int | None) -> None:
+        """How the engine orders request priorities: 1 (smaller values first), -1
+        (larger first), None (priorities ignored: every request in band 0). The
+        core's band of a request is ``order * priority``, so under
+        ``VTC_PRIORITY_WEIGHTS`` the core weighs band ``order * p`` as the
+        configured priority ``p``. Cheap when nothing changed."""
+        weights = self.config.priority_weights
+        wanted = (
+            None if weights is None or order is None else {order * p: w for p, w in weights.items()}
+        )
+        if wanted != self.core.band_weights():
+            self.core.set_band_weights(wanted)
+
+    def describe_priorities(self, order: int | None) -> str:
+        """How request priorities are treated, for the start-up log line."""
+        weights = self.config.priority_weights
+        if order is None:
+            if weights is not None:
+                return "the engine ignores request priorities, so VTC_PRIORITY_WEIGHTS is unused"
+            return ""
+        if weights is None:
+            return "request priorities are strict bands, fair shares inside each"
+        shown = ", ".join(f"{p}={w:g}" for p, w in sorted(weights.items()))
+        return f"request priorities are weighted bands ({shown}; others 1), fair shares inside each"
+
     def start_sharing(self, *, ranks: int = 1, suffix: str = "") -> Any:
         """Share the counters through Redis if ``config.shared`` says so (``VTC_REDIS_URL``):
         the engine calls this once, in the process that schedules, before anything is

@@ -15,6 +15,10 @@ variable               meaning (default)
                        ``VTC_WEIGHTS`` wins over the file's for the same tenant
 ``VTC_WEIGHTS_RELOAD`` seconds between checks of ``VTC_WEIGHTS_FILE`` for a
                        change, which is then re-read; 0 reads it only at start (1)
+``VTC_PRIORITY_WEIGHTS`` ``PRIORITY=WEIGHT`` entries separated by ``,``: request
+                       priorities share service by weight, a priority not listed
+                       weighing 1 (none: strict bands, the more urgent first);
+                       the engine's own priority values (docs/priority.md)
 ``VTC_WP``             price of a prompt token (1), in [0, 1e9]
 ``VTC_WQ``             price of a generated token (2), in [0, 1e9]; not both 0
 ``VTC_MAX_TENANTS``    active tenants tracked before new ones share the default
@@ -102,6 +106,7 @@ VARIABLES = (
     "VTC_WEIGHTS",
     "VTC_WEIGHTS_FILE",
     "VTC_WEIGHTS_RELOAD",
+    "VTC_PRIORITY_WEIGHTS",
     "VTC_WP",
     "VTC_WQ",
     "VTC_MAX_TENANTS",
@@ -216,6 +221,48 @@ def parse_weights(text: str | None, variable: str = "VTC_WEIGHTS") -> dict[str, 
             raise ConfigError(f"{where}: tenant {tenant!r} is given twice in {variable}")
         weights[tenant] = _check_weight(variable, tenant, weight, value)
     return weights
+
+
+def parse_priority_weights(
+    text: str | None, variable: str = "VTC_PRIORITY_WEIGHTS"
+) -> dict[int, float] | None:
+    """Parse ``"0=4, 1=1"`` into ``{0: 4.0, 1: 1.0}``; None when there are no
+    entries (strict bands).
+
+    Entries are separated by ``,``; blanks and empty entries are ignored. A
+    priority that is not a 64-bit integer or is given twice, and a weight
+    outside the core's range raise :class:`ConfigError` naming ``variable``
+    and the entry.
+    """
+    weights: dict[int, float] = {}
+    form = "entries are PRIORITY=WEIGHT separated by ',', PRIORITY an integer"
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        where = f"{variable} entry {item!r}"
+        if not sep:
+            raise ConfigError(f"{where} has no '=': {form}")
+        try:
+            priority = int(name)
+        except ValueError:
+            raise ConfigError(f"{where}: priority {name!r} is not an integer; {form}") from None
+        if not -(2**63) <= priority < 2**63:
+            raise ConfigError(f"{where}: priority {priority} does not fit in 64 bits")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: weight {value!r} is not a number; {form}") from None
+        if priority in weights:
+            raise ConfigError(f"{where}: priority {priority} is given twice in {variable}")
+        try:
+            Scheduler(1).set_band_weights({priority: weight})  # the core's rule
+        except InvalidArgumentError as e:
+            raise ConfigError(f"{where}: weight of priority {priority} is {value!r}: {e}") from None
+        weights[priority] = weight
+    return weights or None
 
 
 def merge_weights(
@@ -350,6 +397,8 @@ class EngineConfig:
     #: ``VTC_WEIGHTS``: they win over the file's at every reload
     env_weights: Mapping[str, float] = field(default_factory=dict)
     weights_reload: float = 1.0
+    #: ``VTC_PRIORITY_WEIGHTS``: weighted priority bands (None: strict bands)
+    priority_weights: Mapping[int, float] | None = None
     wp: float = 1.0
     wq: float = 2.0
     max_tenants: int = 10_000
@@ -390,6 +439,7 @@ class EngineConfig:
             weights_file=path,
             env_weights=env_weights,
             weights_reload=_number(env, "VTC_WEIGHTS_RELOAD", 1.0),
+            priority_weights=parse_priority_weights(env.get("VTC_PRIORITY_WEIGHTS")),
             wp=wp,
             wq=wq,
             max_tenants=_count(env, "VTC_MAX_TENANTS", 10_000),

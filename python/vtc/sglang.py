@@ -117,9 +117,12 @@ class VtcState:
         ``--schedule-low-priority-values-first``), for :meth:`band`."""
         if getattr(scheduler, "enable_priority_scheduling", False):
             low_first = getattr(scheduler, "schedule_low_priority_values_first", False)
-            self.priority_order = 1 if low_first else -1
+            order = 1 if low_first else -1
         else:
-            self.priority_order = None
+            order = None
+        if order != self.priority_order:
+            self.adapter.set_priority_order(order)  # VTC_PRIORITY_WEIGHTS, oriented
+        self.priority_order = order
 
     def band(self, req: _Req) -> int:
         """The core's priority band of ``req`` (smaller is more urgent): SGLang's
@@ -154,9 +157,12 @@ class VtcState:
             getattr(scheduler, "pp_size", 1) or 1
         )
         self.adapter.start_sharing(ranks=ranks)
+        self.read_priority_order(scheduler)
+        priorities = self.adapter.describe_priorities(self.priority_order)
         logger.info(
-            "vtc: VTC fair scheduling orders this scheduler's waiting queue: %s",
+            "vtc: VTC fair scheduling orders this scheduler's waiting queue: %s%s",
             self.adapter.describe(budget=budget),
+            f"; {priorities}" if priorities else "",
         )
 
     def drop(self, req: _Req) -> None:

@@ -275,8 +275,12 @@ class _VTCMixin:
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
         self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant, self.vtc_adapter.requests)
         mode = "async" if isinstance(self, AsyncScheduler) else "synchronous"
-        if self.policy == SchedulingPolicy.PRIORITY:
-            mode += "; request priorities are strict bands, fair shares inside each"
+        # vLLM's priority (smaller first) is the core's band under --scheduling-policy
+        # priority; otherwise every request has priority 0
+        order = 1 if self.policy == SchedulingPolicy.PRIORITY else None
+        self.vtc_adapter.set_priority_order(order)
+        if priorities := self.vtc_adapter.describe_priorities(order):
+            mode += "; " + priorities
         logger.info("VTC fair scheduling (%s scheduler): %s", mode, self.vtc_adapter.describe())
 
     def _vtc_tenant(self, request: Request) -> str:

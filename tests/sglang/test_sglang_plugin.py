@@ -83,6 +83,33 @@ def test_request_priorities_are_strict_bands_with_vtc_inside(low_first: bool) ->
     assert core().counters() == {"a": 16.0, "b": 16.0, "u": 16.0}
 
 
+@pytest.mark.parametrize("low_first", [True, False])
+def test_priority_weights_share_the_machine_between_bands(low_first: bool) -> None:
+    """VTC_PRIORITY_WEIGHTS (SGLang's own priority values, either order): the bands
+    take turns by weight instead of the urgent one first; inside each, VTC."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    urgent_p, batch_p = (0, 5) if low_first else (5, 0)
+    env = {"VTC_PRIORITY_WEIGHTS": f"{urgent_p}=1, {batch_p}=1"}
+    vs.reset_state(vs.VtcState.from_env(env))
+    s = make_scheduler()
+    s.enable_priority_scheduling = True
+    s.schedule_low_priority_values_first = low_first
+    s.policy = SchedulePolicy("fcfs", s.tree_cache, False, True, low_first)
+    s.max_prefill_tokens = 20  # room for two 8-token prompts per pass
+    a = [make_req("a", 8, priority=batch_p) for _ in range(3)]
+    b = [make_req("b", 8, priority=batch_p) for _ in range(3)]
+    u = [make_req("u", 8, priority=urgent_p) for _ in range(2)]
+    arrive(s, *a, *b, *u)
+    order = 1 if low_first else -1
+    assert core().band_weights() == {order * urgent_p: 1.0, order * batch_p: 1.0}
+    # band counters tie at 0: the more urgent band, then the batch band, in turns
+    assert prefill_pass(s) == [u[0], a[0]]
+    assert prefill_pass(s) == [u[1], b[0]]
+    assert prefill_pass(s) == [a[1], b[1]]
+    assert core().band_counters() == {order * urgent_p: 16.0, order * batch_p: 32.0}
+
+
 def test_priorities_are_ignored_without_priority_scheduling() -> None:
     """SGLang ignores a request's priority unless priority scheduling is on; so does VTC."""
     s = make_scheduler()

@@ -80,9 +80,11 @@ def test_replaces_waiting_queue_and_uses_kv_capacity(model_dir: str) -> None:
     assert isinstance(a, AsyncScheduler) and isinstance(a.waiting, VTCRequestQueue)
 
 
-def _reference_order(plan: list[tuple], weights: dict | None = None) -> list[str]:
+def _reference_order(
+    plan: list[tuple], weights: dict | None = None, band_weights: dict | None = None
+) -> list[str]:
     """The admission order vtc.reference gives when each request runs alone to the end."""
-    ref = reference.Scheduler(M=10**6, wp=WP, wq=WQ)
+    ref = reference.Scheduler(M=10**6, wp=WP, wq=WQ, band_weights=band_weights)
     for tenant, weight in (weights or {}).items():
         ref.set_weight(tenant, weight)
     for i, (tenant, prompt, *rest) in enumerate(plan):
@@ -149,6 +151,26 @@ def test_request_priorities_are_strict_bands_with_vtc_inside(model_dir: str) -> 
     for tenant, prompt, max_tokens, _ in plan:
         expected[tenant] = expected.get(tenant, 0.0) + WP * prompt + WQ * max_tokens
     assert s.tenant_services() == expected
+    assert_empty(s)
+
+
+def test_priority_weights_let_the_bands_share_the_machine(model_dir: str, monkeypatch) -> None:
+    # VTC_PRIORITY_WEIGHTS under --scheduling-policy priority: the bands take turns
+    # by weight (here equal) instead of the urgent band first; VTC inside each.
+    monkeypatch.setenv("VTC_PRIORITY_WEIGHTS", "0=1, 1=1")
+    config = vllm_config(model_dir, max_num_seqs=1, policy="priority")
+    plan = [("batch-a", 30, 8, 1)] * 2 + [("batch-b", 30, 8, 1)] * 2 + [("urgent", 30, 8, 0)] * 3
+    s = make_scheduler(VTCScheduler, config)
+    assert s.vtc.band_weights() == {0: 1.0, 1: 1.0}
+    tenant_of = {}
+    for tenant, prompt, max_tokens, priority in plan:
+        request = make_request(tenant, prompt, max_tokens, priority=priority)
+        tenant_of[request.request_id] = tenant
+        s.add_request(request)
+    order = [tenant_of[r] for r in run_until_idle(s)]
+    assert order == _reference_order(plan, band_weights={0: 1.0, 1: 1.0})
+    assert order[:4] == ["urgent", "batch-a", "urgent", "batch-b"]
+    assert s.vtc.band_counters() == {}  # every request finished: no band state left
     assert_empty(s)
 
 
