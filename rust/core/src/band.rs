@@ -15,11 +15,19 @@
 
 use std::collections::VecDeque;
 
-use crate::client::QueueEntry;
 use crate::heap::{IndexedHeap, Positions, NOT_IN_HEAP};
 
 /// End of a client's entity list.
 pub(crate) const NO_ENTITY: u32 = u32::MAX;
+
+/// One waiting entry: a request slot and the submit sequence it had when it
+/// was queued. Cancelling a waiting request leaves its entry behind; an entry
+/// is live only while the slot still holds a waiting request with that `seq`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueEntry {
+    pub slot: u32,
+    pub seq: u64,
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Entity {

@@ -9,15 +9,6 @@ use crate::band::NO_ENTITY;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(pub u32);
 
-/// One waiting entry: a request slot and the submit sequence it had when it
-/// was queued. Cancelling a waiting request leaves its entry behind; an entry
-/// is live only while the slot still holds a waiting request with that `seq`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QueueEntry {
-    pub slot: u32,
-    pub seq: u64,
-}
-
 #[derive(Debug, Clone)]
 pub struct Client {
     /// Virtual counter: weighted service received plus lifts. Never decreases.

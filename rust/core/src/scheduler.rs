@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::str::FromStr;
 
-use crate::band::{Band, Entity, Share, Shares, NO_ENTITY};
-use crate::client::{Client, ClientId, QueueEntry};
+use crate::band::{Band, Entity, QueueEntry, Share, Shares, NO_ENTITY};
+use crate::client::{Client, ClientId};
 use crate::cost::{Cost, Pending};
 use crate::error::{CoreError, Op, Result};
 use crate::heap::{Key, NOT_IN_HEAP};

@@ -243,7 +243,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Tokens;
+    use crate::scheduler::Tokens;
 
     fn sample() -> Scheduler {
         let mut s = Scheduler::new(1000, 1.0, 2.0, Policy::Vtc).unwrap();
