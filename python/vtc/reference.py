@@ -605,7 +605,7 @@ class Scheduler:
         return k, self._clients[k].bands[band][0]
 
     def _lift(self, k, band) -> None:
-        """place_entity: a client entering a band never keeps credit banked while
+        """lift: a client entering a band never keeps credit banked while
         it was idle there, and is never moved backwards."""
         c = self._clients[k]
         backlog = self._backlogged(band) or self._backlogged()
@@ -624,7 +624,7 @@ class Scheduler:
             c.counter = max(c.counter, floor)
 
     def _lift_band(self, p) -> None:
-        """place_entity for bands: a band entering the backlog banks no idleness."""
+        """lift_band: a band entering the backlog banks no idleness."""
         backlog = {q for k in self._backlogged() for q in self._clients[k].bands}
         floor = None
         if backlog:

@@ -123,7 +123,7 @@ def test_sdist_holds_what_a_build_needs(sdist):
         "Cargo.toml",
         "Cargo.lock",
         "rust/core/src/lib.rs",
-        "rust/core/src/scheduler.rs",
+        "rust/core/src/scheduler/mod.rs",
         "rust/python/src/lib.rs",
         "python/vtc/__init__.py",
         "python/vtc/_core.pyi",

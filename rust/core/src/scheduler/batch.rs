@@ -1,0 +1,153 @@
+//! The built-in batch loop: `schedule` fills the batch within `M`,
+//! `decode_step` grows every running request by one token, preempting first.
+//!
+//! Invariant: without engine-mode calls in between, occupancy never exceeds
+//! `M` (no skipping: admission stops at the first head that does not fit),
+//! and preemption evicts from the least urgent band, the most-served client
+//! first, the latest admission among equals.
+
+use super::{Policy, Scheduler};
+use crate::band::NO_ENTITY;
+use crate::error::{CoreError, Result};
+
+impl Scheduler {
+    /// Fill the batch: admit from the least-served backlogged client until
+    /// the next request does not fit in `M` (no skipping). Appends the
+    /// admitted ids, in admission order, to `out` and returns how many.
+    ///
+    /// With a per-client cap ([`set_client_cap`](Self::set_client_cap)), a
+    /// client is *eligible* when it has nothing running or when its running
+    /// KV tokens plus its head request's footprint stay within the cap. An
+    /// ineligible client is removed from selection for the rest of this call
+    /// (as if it had nothing waiting, but it keeps its counter and place);
+    /// the no-skipping rule applies among eligible clients: the least-counter
+    /// eligible client's head either fits in `M` or admission stops.
+    pub fn schedule(&mut self, out: &mut Vec<u64>) -> usize {
+        let start = out.len();
+        if self.client_cap.is_some() {
+            self.schedule_capped(out);
+            return out.len() - start;
+        }
+        while let Some(s) = self.next_slot() {
+            let fp = self.requests[s as usize].footprint();
+            if self.occupancy + u128::from(fp) > u128::from(self.budget) {
+                break;
+            }
+            out.push(self.admit_next().expect("next_slot was Some"));
+        }
+        out.len() - start
+    }
+
+    #[cold]
+    fn schedule_capped(&mut self, out: &mut Vec<u64>) {
+        let cap = self.client_cap.expect("capped");
+        let mut parked = std::mem::take(&mut self.parked);
+        while let Some(e) = self.top_entity() {
+            let s = self.next_slot().expect("an entity has a head");
+            let fp = self.requests[s as usize].footprint();
+            let c = self.entities[e as usize].client;
+            let cl = &self.clients[c as usize];
+            if cl.n_running > 0 && cl.occupancy + u128::from(fp) > u128::from(cap) {
+                // out of selection for this call, in every band it waits in
+                let mut x = cl.entities;
+                while x != NO_ENTITY {
+                    let b = self.entities[x as usize].band as usize;
+                    self.bands[b].heap.remove(x, &mut self.entities[..]);
+                    parked.push(x);
+                    x = self.entities[x as usize].next;
+                }
+                continue;
+            }
+            if self.occupancy + u128::from(fp) > u128::from(self.budget) {
+                break;
+            }
+            out.push(self.admit_next().expect("top entity has a head"));
+        }
+        for &e in &parked {
+            let key = self.key_of(e);
+            let b = self.entities[e as usize].band as usize;
+            self.bands[b].heap.push(e, key, &mut self.entities[..]);
+        }
+        parked.clear();
+        self.parked = parked;
+    }
+
+    /// One engine iteration: every running request generates one token.
+    ///
+    /// If the grown batch would not fit in `M`, requests are preempted first
+    /// (their ids are appended to `preempted`, in eviction order): the victim
+    /// is always the running request whose client has the largest counter,
+    /// the latest admitted among equals (under `fcfs`, simply the latest
+    /// admitted, as a plain engine does). Evicting the most-served client keeps
+    /// preemption on the side of fairness; evicting the latest admission (as
+    /// engines do by default) would hit exactly the client VTC just favoured.
+    /// Fails with [`CoreError::Capacity`], changing nothing, when even the
+    /// last remaining request alone cannot grow.
+    pub fn decode_step(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
+        let n = self.running.len();
+        if self.occupancy + n as u128 > u128::from(self.budget) {
+            self.preempt_for_growth(preempted)?;
+        }
+        let keep = self.running.len();
+        for i in 0..keep {
+            let s = self.running[i];
+            let r = &mut self.requests[s as usize];
+            let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
+            let priority = r.priority;
+            r.generated += 1;
+            self.add_pending(c, prompt, before, 1, pred);
+            if let Some(sh) = &mut self.shares {
+                sh.add_tokens(priority, prompt, before, 1);
+            }
+        }
+        self.occupancy += keep as u128;
+        self.charge_touched();
+        self.charge_bands();
+        Ok(())
+    }
+
+    /// Preempt until every running request can grow by one token.
+    #[cold]
+    fn preempt_for_growth(&mut self, preempted: &mut Vec<u64>) -> Result<()> {
+        let mut order = std::mem::take(&mut self.victims);
+        let fcfs = self.policy == Policy::Fcfs;
+        order.clear();
+        order.extend(self.running.iter().map(|&s| {
+            let r = &self.requests[s as usize];
+            // fcfs, the baseline, evicts like a plain engine: latest admission first
+            let served = if fcfs {
+                0.0
+            } else {
+                self.clients[r.client as usize].counter
+            };
+            (r.priority, served, r.admit_seq, s)
+        }));
+        // least urgent band first; in it the most-served client, latest
+        // admission first among equals
+        order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)).then(b.2.cmp(&a.2)));
+        let mut occ = self.occupancy;
+        let mut keep = order.len();
+        let mut k = 0;
+        while occ + keep as u128 > u128::from(self.budget) {
+            if keep == 1 {
+                let r = &self.requests[order[k].3 as usize];
+                let err = CoreError::Capacity {
+                    request_id: r.rid,
+                    tokens: r.footprint(),
+                    budget: self.budget,
+                };
+                self.victims = order;
+                return Err(err);
+            }
+            occ -= u128::from(self.requests[order[k].3 as usize].footprint());
+            keep -= 1;
+            k += 1;
+        }
+        for &(_, _, _, s) in &order[..k] {
+            preempted.push(self.requests[s as usize].rid);
+            self.preempt_slot(s);
+        }
+        self.victims = order;
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Charging: the service each client and band pays for its tokens.
+//!
+//! Invariant: a charge is `(w * tokens) * inv_w >= 0`, added to both the
+//! counter and the delivered service (so counter >= service, and neither
+//! decreases), less any refund credit, which absorbs charges first; a decode
+//! call's tokens are charged once, at the end of the call, and only beyond
+//! what was pre-charged as a prediction.
+
+use super::{Policy, Predictor, Scheduler};
+use crate::band::NO_ENTITY;
+use crate::cost::{Cost, Pending};
+
+impl Scheduler {
+    /// Charge `amount` of weighted service to client `c`.
+    /// (CFS does this in `update_curr`, Linux kernel/sched/fair.c.)
+    ///
+    /// Both the counter and the delivered service grow by the same amount;
+    /// `amount` is `(w * tokens) * inv_w >= 0`, so counters never decrease.
+    /// The caller re-keys the client (`adjust`) once it is done charging.
+    ///
+    /// A refund credit (length prediction) is absorbed first: the charge is
+    /// reduced by up to `credit`, never below 0.
+    #[inline(always)]
+    pub(super) fn charge(&mut self, c: u32, weighted_tokens: f64) {
+        let cl = &mut self.clients[c as usize];
+        let mut amount = weighted_tokens * cl.inv_w;
+        if cl.credit > 0.0 {
+            let used = cl.credit.min(amount);
+            amount -= used;
+            cl.credit -= used;
+        }
+        cl.counter += amount;
+        cl.service += amount;
+    }
+
+    /// Charge every touched client its pending decode tokens and re-key it.
+    ///
+    /// When a decode touches a large share of the backlogged clients (a big
+    /// batch over few clients), re-keying each with its own sift costs more
+    /// than one O(C) rebuild: every client gets about the same charge in no
+    /// particular order, so each sift sinks past siblings not yet charged.
+    pub(super) fn charge_touched(&mut self) {
+        let cost = self.cost;
+        let touched = std::mem::take(&mut self.touched);
+        let rekey = self.policy != Policy::Fcfs;
+        let in_heaps = self.entities.len() - self.free_entities.len();
+        let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= in_heaps;
+        for &c in &touched {
+            let cl = &mut self.clients[c as usize];
+            let t = std::mem::take(&mut cl.pending_tokens);
+            cl.decode_tokens = cl.decode_tokens.saturating_add(t);
+            let amount = match cost {
+                Cost::Linear { wq, .. } => wq * t as f64,
+                _ => cost.decode(&std::mem::take(&mut self.extra[c as usize])),
+            };
+            self.charge(c, amount);
+            if bulk {
+                let mut e = self.clients[c as usize].entities;
+                while e != NO_ENTITY {
+                    let key = self.key_of(e);
+                    let b = self.entities[e as usize].band as usize;
+                    self.bands[b]
+                        .heap
+                        .set_key_unordered(e, key, &self.entities[..]);
+                    e = self.entities[e as usize].next;
+                }
+            } else if rekey {
+                self.adjust(c);
+            }
+        }
+        if bulk {
+            for &b in &self.order {
+                self.bands[b as usize].heap.rebuild(&mut self.entities[..]);
+            }
+        }
+        self.touched = touched;
+        self.touched.clear();
+    }
+
+    /// Weighted bands: charge every band its decode call's tokens.
+    #[inline(always)]
+    pub(super) fn charge_bands(&mut self) {
+        if let Some(sh) = &mut self.shares {
+            sh.charge_touched(&self.cost);
+        }
+    }
+
+    /// Record that a request of client `c` with prompt `prompt`, having
+    /// generated `before` tokens and with `predicted` tokens pre-charged,
+    /// generated `tokens > 0` more; only the tokens beyond the prediction
+    /// are charged.
+    #[inline(always)]
+    pub(super) fn add_pending(
+        &mut self,
+        c: u32,
+        prompt: u64,
+        before: u64,
+        tokens: u64,
+        predicted: u64,
+    ) {
+        let linear = self.cost.is_linear();
+        let cl = &mut self.clients[c as usize];
+        cl.occupancy += u128::from(tokens);
+        let (before, tokens) = if predicted > before {
+            let end = before + tokens;
+            if end <= predicted {
+                return;
+            }
+            (predicted, end - predicted)
+        } else {
+            (before, tokens)
+        };
+        if cl.pending_tokens == 0 {
+            self.touched.push(c);
+        }
+        cl.pending_tokens += tokens;
+        if !linear {
+            if self.extra.len() <= c as usize {
+                self.extra.resize(self.clients.len(), Pending::default());
+            }
+            self.extra[c as usize].add(prompt, before, tokens);
+        }
+    }
+
+    /*
+     * settle: a request with a predicted output length leaves.
+     *
+     * It was charged h(n_p, p) - h(n_p, 0) for its predicted p tokens at
+     * admission and then only for tokens beyond p. If it generated g < p,
+     * the tokens g+1..p were paid for and never delivered. The paper
+     * subtracts them from the counter; here counters never decrease, so the
+     * over-charge becomes a *credit* that absorbs the client's next charges
+     * (its counter stays flat until the credit is used up). The client's
+     * effective counter, counter - credit, is exactly the paper's; the
+     * difference is only that the priority catches up gradually instead of
+     * jumping back, and the lift forfeits credit that lies below the floor
+     * (a returning client banks no refunds either, see `lift`).
+     * Applies to finish and to cancelling a request that was admitted.
+     * With `learn`, the `mean` predictor learns the actual length.
+     */
+    pub(super) fn settle(&mut self, s: u32, learn: bool) {
+        let r = &self.requests[s as usize];
+        if !r.prefill_paid {
+            return;
+        }
+        let (c, prompt, g, p) = (r.client, r.prompt, r.generated, r.predicted);
+        if p > g {
+            let mut over = Pending::default();
+            over.add(prompt, g, p - g);
+            let cl = &mut self.clients[c as usize];
+            cl.credit += self.cost.decode(&over) * cl.inv_w;
+        }
+        if learn && self.predictor == Predictor::Mean {
+            if self.means.len() <= c as usize {
+                self.means.resize(self.clients.len(), None);
+            }
+            let m = &mut self.means[c as usize];
+            *m = Some(match *m {
+                Some(mean) => mean + (g as f64 - mean) * 0.125,
+                None => g as f64,
+            });
+        }
+    }
+}
