@@ -355,6 +355,15 @@ def test_priority_bands_serve_the_urgent_band_first_and_the_batch_band_fairly():
     assert stock["batch_a_share_of_band"] > 0.65
     assert bands["drift_over_2U"] <= 1.0 < stock["drift_over_2U"]
     assert abs(bands["throughput"] - stock["throughput"]) / stock["throughput"] < 0.02
+    # weighted bands: the urgent band held to its weight's share (it asks for about
+    # half the machine), both bands within the bound, the batch band still fair
+    w13, w11 = rows["vtc + bands 1:3"], rows["vtc + bands 1:1"]
+    assert abs(w13["urgent_share"] - 0.25) < 0.02
+    assert 0.45 < w11["urgent_share"] < 0.53
+    for row in (w13, w11):
+        assert row["band_drift_over_bound"] <= 1.0
+        assert abs(row["batch_a_share_of_band"] - 0.5) < 0.05
+    assert plain["band_drift_over_bound"] > 1.0  # plain VTC does not share by band
 
 
 def test_trace_vtc_is_fairer_at_the_same_throughput():

@@ -20,7 +20,7 @@ experiments:
   rpm-sweep   table 4: requests-per-minute limits vs VTC, drift and throughput
   trace       the Chatbot Arena trace under FCFS / LCF / VTC / RPM 5 / RPM 20
   weighted    weighted VTC, 4 clients with weights 1:2:3:4
-  priority    urgent (priority 0) and batch tenants: FCFS, stock priority, VTC, VTC + bands
+  priority    urgent (priority 0) and batch tenants: FCFS, stock priority, VTC, bands, 1:1, 1:3
   scenarios   the paper's other workloads (gamma, short/long, ramp, phases, ...)
   replicas    N = 2, 4, 8 replicas, skewed ingress: FCFS vs per-replica VTC vs global VTC
   accounting  cost functions, prefix caching, preemption, per-client caps, length prediction

@@ -346,21 +346,27 @@ def priority(opts: Options, loads: Sequence[float] = PRIORITY_LOADS) -> Report:
     the whole of it), ``batch-a`` at 2x and ``batch-b`` at 0.6x: both are over
     their share of what is left. Four schedulers: FCFS and VTC, both ignoring
     priorities; stock priority (what vLLM and SGLang do: the band, then
-    arrival); VTC with strict bands (the band, then the least counter). Rows:
-    the urgent tenant's first-token latency (steps) and share of all service;
-    inside the batch band, ``batch-a``'s share of the band's service and the
-    largest gap between ``batch-a`` and ``batch-b`` while both were backlogged
-    (against the bound ``2 * max(wp * L, wq * M)``).
+    arrival); VTC with strict bands (the band, then the least counter); VTC
+    with weighted bands 1:1 and 1:3 (the bands share the machine by weight).
+    Rows: the urgent tenant's first-token latency (steps) and share of all
+    service; inside the batch band, ``batch-a``'s share of the band's service
+    and the largest gap between ``batch-a`` and ``batch-b`` while both were
+    backlogged (against the bound ``2 * max(wp * L, wq * M)``); between the
+    bands, the largest gap of their weighted service while both were
+    backlogged, against ``2 * max(wp * L, wq * M) / min weight``
+    (``docs/priority.md``; 1:1 weights for the rows without).
     """
     steps, M = opts.steps or 20000, opts.M or 8192
     reqs = workloads.overloaded(list(loads), steps, M, seed=opts.seed)
     bands = [0 if r.client == 0 else 1 for r in reqs]
     names = {0: "urgent", 1: "batch-a", 2: "batch-b"}
     runs = [
-        ("fcfs", "fcfs", None),
-        ("stock priority", "fcfs", bands),
-        ("vtc", "vtc", None),
-        ("vtc + bands", "vtc", bands),
+        ("fcfs", "fcfs", None, None),
+        ("stock priority", "fcfs", bands, None),
+        ("vtc", "vtc", None, None),
+        ("vtc + bands", "vtc", bands, None),
+        ("vtc + bands 1:1", "vtc", bands, (1.0, 1.0)),
+        ("vtc + bands 1:3", "vtc", bands, (1.0, 3.0)),
     ]
     table = Table(
         "priority",
@@ -374,15 +380,22 @@ def priority(opts: Options, loads: Sequence[float] = PRIORITY_LOADS) -> Report:
             "batch_a_share_of_band",
             "batch_max_drift",
             "drift_over_2U",
+            "band_drift_over_bound",
             "throughput",
         ],
     )
     panels = []
-    for label, policy, prio in runs:
-        res = opts.run(f"priority {label}", reqs, steps, M=M, policy=policy, priority=prio)
+    for label, policy, prio, band_w in runs:
+        options = None if band_w is None else {"band_weights": {0: band_w[0], 1: band_w[1]}}
+        res = opts.run(
+            f"priority {label}", reqs, steps, M=M, policy=policy, priority=prio, options=options
+        )
         lat = metrics.ttft(res, [0])
         share = metrics.shares(res)
         drift = metrics.max_drift(res, 1, 2)
+        w = band_w or (1.0, 1.0)
+        band_drift = metrics.max_group_drift(res, [0], [1, 2], w)
+        band_bound = 2 * metrics.result_u(res) / min(w)
         table.rows.append(
             {
                 "scheduler": label,
@@ -392,6 +405,7 @@ def priority(opts: Options, loads: Sequence[float] = PRIORITY_LOADS) -> Report:
                 "batch_a_share_of_band": share[1] / (share[1] + share[2]),
                 "batch_max_drift": drift,
                 "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                "band_drift_over_bound": band_drift / band_bound,
                 "throughput": metrics.throughput(res),
             }
         )

@@ -62,6 +62,30 @@ def max_drift(result: SimResult, f: Client, g: Client, end: int | None = None) -
     return worst
 
 
+def max_group_drift(
+    result: SimResult,
+    f: Sequence[Client],
+    g: Sequence[Client],
+    weights: tuple[float, float] = (1.0, 1.0),
+) -> float:
+    """:func:`max_drift` between two groups of clients (priority bands): each
+    group's service summed and divided by its weight, a group backlogged while
+    any of its clients is."""
+
+    def group(clients: Sequence[Client], w: float) -> tuple[np.ndarray, np.ndarray]:
+        busy = np.logical_or.reduce([backlogged(result, c) for c in clients])
+        return busy, sum(service(result, c) for c in clients) / w
+
+    (bf, sf), (bg, sg) = group(f, weights[0]), group(g, weights[1])
+    both = bf & bg
+    diff = sf - sg
+    edges = np.diff(np.concatenate(([0], both.view(np.int8), [0])))
+    worst = 0.0
+    for s, e in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+        worst = max(worst, float(np.max(np.abs(diff[s + 1 : e + 1] - diff[s]))))
+    return worst
+
+
 def max_pair_drift(result: SimResult, clients: Sequence[Client] | None = None) -> float:
     """The largest :func:`max_drift` over all pairs of ``clients`` (default: all)."""
     clients = result.clients if clients is None else clients
