@@ -229,9 +229,19 @@ class Server:
 
 @pytest.fixture(scope="module", params=["vtc", "stock"])
 def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
+    """One running slot; tenant weights from a file the plugin re-reads when it changes
+    (checked every 0.05 s of steps; only tenants named in it are weighted)."""
     plugin = request.param == "vtc"
-    log = tmp_path_factory.mktemp(f"sglang-{request.param}") / "server.log"
-    s = Server(model_dir, log, plugin=plugin, env={"VTC_LOG_INTERVAL": "0"})
+    here = tmp_path_factory.mktemp(f"sglang-{request.param}")
+    log, weights = here / "server.log", here / "weights.json"
+    weights.write_text(json.dumps({"gold": 4}))
+    env = {
+        "VTC_LOG_INTERVAL": "0",
+        "VTC_WEIGHTS_FILE": str(weights),
+        "VTC_WEIGHTS_RELOAD": "0.05",
+    }
+    s = Server(model_dir, log, plugin=plugin, env=env)
+    s.weights_file = weights
     try:
         s.wait_ready()
         yield s
@@ -287,7 +297,94 @@ def test_a_late_tenant_is_served_between_the_early_tenants_requests(server):
         assert done.index("B0") < done.index("B1")
 
 
-@pytest.fixture(scope="module", params=["vtc", "stock"])
+def _weighted_order(plan: list[tuple], weights: dict[str, float]) -> list[str]:
+    """The order vtc.reference admits ``plan`` (queued in order behind a running
+    blocker, one request at a time) with these tenant weights."""
+    from vtc import reference
+
+    ref = reference.Scheduler(M=4096, wp=1.0, wq=2.0)
+    for tenant, weight in weights.items():
+        ref.set_weight(tenant, weight)
+    ref.submit(0, "blocker", len(PROMPT))
+    ref.pop()
+    for i, (_, tenant, _tokens, prompt) in enumerate(plan, 1):
+        ref.submit(i, tenant, len(prompt))
+    order = []
+    while (rid := ref.pop()) is not None:
+        ref.decode([rid], [plan[rid - 1][2]])
+        ref.finish(rid)
+        order.append(plan[rid - 1][0])
+    return order
+
+
+def test_weights_from_the_file_apply_and_a_changed_file_is_reloaded(server):
+    """Round 1: light tenant L (weight 1) queues two requests, then gold (weight 4 in
+    the weights file) six, behind a blocker. Stock SGLang serves them by arrival;
+    the plugin gives gold four requests per one of L (L0 H0 H1 H2 H3 L1 H4 H5),
+    where unweighted VTC would alternate. Then the file is rewritten to weigh tenant
+    plat 4 too; once the plugin says it reloaded the file, round 2 runs the same
+    plan with plat for gold and is served in the same weighted order. Prompts differ
+    in their first token, so no request is a prefix-cache hit of another."""
+    rounds = []
+    for heavy, light, first in (("gold", "L", 300), ("plat", "T", 400)):
+        plan = [(f"{light}{i}", light, 48, [first + i, *PROMPT[1:]]) for i in range(2)]
+        plan += [(f"{heavy}{i}", heavy, 48, [first + 10 + i, *PROMPT[1:]]) for i in range(6)]
+        rounds.append(plan)
+    weights = {"gold": 4.0}
+    for n, plan in enumerate(rounds):
+        if n == 1:
+            weights = {"gold": 4.0, "plat": 4.0}
+            server.weights_file.write_text(json.dumps(weights))
+            if server.plugin:
+                _wait_for_reload(server)
+        out = _submit_prompts_in_order(server, plan)
+        done = sorted((p[0] for p in plan), key=lambda n: _sent(out, n))
+        if not server.plugin:
+            assert done == [p[0] for p in plan], done  # first come, first served
+            continue
+        assert done == _weighted_order(plan, weights), (n, done)
+        assert done != _weighted_order(plan, {}), done  # the weight made the difference
+    if server.plugin:
+        text = server.log.read_text(errors="replace")
+        assert "VTC: weights reloaded from VTC_WEIGHTS_FILE" in text and "plat 1 -> 4" in text
+
+
+def _sent(out: dict, name: str) -> float:
+    return out[name]["meta_info"]["response_sent_to_client_ts"]
+
+
+def _wait_for_reload(server: Server) -> None:
+    """Probe requests (the plugin checks the file after a step) until the server log
+    says the weights were reloaded."""
+
+    def probe() -> str:
+        out: dict[str, Any] = {}
+        server.generate("probe", 2, out, f"probe-{time.monotonic_ns()}").join(DEADLINE)
+        return server.log.read_text(errors="replace")
+
+    server.poll("the weights reloaded", probe, lambda text: "plat 1 -> 4" in text, every=0.1)
+
+
+def _submit_prompts_in_order(server: Server, plan: list[tuple]) -> dict[str, Any]:
+    """:func:`submit_in_order` for a plan of (name, tenant, max_new_tokens, prompt)."""
+    out: dict[str, Any] = {}
+    threads = [server.generate("blocker", 400, out, "blocker")]
+    server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
+    for i, (name, tenant, tokens, prompt) in enumerate(plan):
+        threads.append(server.generate(tenant, tokens, out, name, prompt=prompt))
+        server.wait_for(f"{i + 1} queued", lambda load, n=i + 1: load["num_waiting_reqs"] >= n)
+    for t in threads:
+        t.join(DEADLINE)
+    for name in ["blocker", *(p[0] for p in plan)]:
+        assert isinstance(out.get(name), dict), f"{name}: {out.get(name)!r}\n{server.tail()}"
+        assert out[name]["meta_info"]["cached_tokens"] == 0 or name == "blocker"
+    assert all(_sent(out, "blocker") < _sent(out, p[0]) for p in plan)
+    return out
+
+
+# Servers used by one test are function-scoped: an idle SGLang scheduler still spins
+# a core, and a module-scoped one would keep spinning until the module ends.
+@pytest.fixture(params=["vtc", "stock"])
 def priority_server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
     """One running slot, SGLang's priority scheduling (larger values first, no
     priority preemption: the blocker keeps its slot)."""
@@ -478,7 +575,7 @@ def test_aborted_requests_leave_no_state_and_are_charged_what_they_got(metrics_s
 # -- priority preemption: an urgent arrival evicts a running batch request --------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def preemption_server(model_dir, tmp_path_factory) -> Iterator[Server]:
     """The plugin, one running slot, SGLang's priority scheduling with its priority
     preemption (on by default: no --disable-priority-preemption), and its metrics.
