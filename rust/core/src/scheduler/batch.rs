@@ -93,11 +93,14 @@ impl Scheduler {
             let s = self.running[i];
             let r = &mut self.requests[s as usize];
             let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
-            let priority = r.priority;
             r.generated += 1;
             self.add_pending(c, prompt, before, 1, pred);
-            if let Some(sh) = &mut self.shares {
-                sh.add_tokens(priority, prompt, before, 1);
+        }
+        if let Some(sh) = &mut self.shares {
+            // a pass of its own: strict bands keep the loop above free of it
+            for &s in &self.running {
+                let r = &self.requests[s as usize];
+                sh.add_tokens(r.priority, r.prompt, r.generated - 1, 1);
             }
         }
         self.occupancy += keep as u128;

@@ -202,13 +202,19 @@ impl Scheduler {
             let t = tokens.at(i) as u64;
             let r = &mut self.requests[s as usize];
             let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
-            let priority = r.priority;
             r.generated += t;
             total += u128::from(t);
             if t > 0 {
                 self.add_pending(c, prompt, before, t, pred);
-                if let Some(sh) = &mut self.shares {
-                    sh.add_tokens(priority, prompt, before, t);
+            }
+        }
+        if let Some(sh) = &mut self.shares {
+            // a pass of its own: strict bands keep the loop above free of it
+            for (i, &s) in slots.iter().enumerate() {
+                let t = tokens.at(i) as u64;
+                let r = &self.requests[s as usize];
+                if t > 0 {
+                    sh.add_tokens(r.priority, r.prompt, r.generated - t, t);
                 }
             }
         }
