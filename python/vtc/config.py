@@ -71,7 +71,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,21 @@ def _check_weight(where: str, tenant: str, weight: float, shown: Any) -> float:
     return weight
 
 
+def _pairs(text: str | None, variable: str, form: str) -> Iterator[tuple[str, str, str]]:
+    """The ``NAME=VALUE`` entries of ``text`` separated by ``,`` (blanks and empty
+    entries ignored), as ``(where, name, value)`` with ``where`` naming the variable
+    and the entry for messages; an entry without ``=`` raises :class:`ConfigError`."""
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        where = f"{variable} entry {item!r}"
+        if not sep:
+            raise ConfigError(f"{where} has no '=': {form}")
+        yield where, name.strip(), value.strip()
+
+
 def parse_weights(text: str | None, variable: str = "VTC_WEIGHTS") -> dict[str, float]:
     """Parse ``"gold=2, free=0.5"`` into ``{"gold": 2.0, "free": 0.5}``.
 
@@ -199,15 +214,7 @@ def parse_weights(text: str | None, variable: str = "VTC_WEIGHTS") -> dict[str, 
     """
     weights: dict[str, float] = {}
     form = "entries are TENANT=WEIGHT separated by ','"
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        where = f"{variable} entry {item!r}"
-        if not sep:
-            raise ConfigError(f"{where} has no '=': {form}")
+    for where, name, value in _pairs(text, variable, form):
         tenant = tenant_name(name)
         if tenant is None:
             raise ConfigError(
@@ -236,15 +243,7 @@ def parse_priority_weights(
     """
     weights: dict[int, float] = {}
     form = "entries are PRIORITY=WEIGHT separated by ',', PRIORITY an integer"
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        where = f"{variable} entry {item!r}"
-        if not sep:
-            raise ConfigError(f"{where} has no '=': {form}")
+    for where, name, value in _pairs(text, variable, form):
         try:
             priority = int(name)
         except ValueError:

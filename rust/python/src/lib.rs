@@ -149,26 +149,33 @@ fn i64_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i64> {
     i64::try_from(v).map_err(|_| invalid(format!("{what} {v} does not fit in 64 bits")))
 }
 
+/// The `(key, value)` pairs of a dict or any other mapping, in its order; a
+/// TypeError naming `what` and `expected` for anything else.
+fn mapping_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    expected: &str,
+) -> Result<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Ok(d.iter().collect());
+    }
+    if let Ok(m) = obj.cast::<PyMapping>() {
+        return Ok(m
+            .items()?
+            .iter()
+            .map(|t| t.extract())
+            .collect::<PyResult<_>>()?);
+    }
+    Err(type_error(what, expected, obj))
+}
+
 /// `band_weights`: None (strict bands) or a mapping of priority to weight,
 /// each pair checked in order (the priority, then its weight).
 fn band_weights_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<Vec<(i64, f64)>>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(None);
     };
-    let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = if let Ok(d) = obj.cast::<PyDict>() {
-        d.iter().collect()
-    } else if let Ok(m) = obj.cast::<PyMapping>() {
-        m.items()?
-            .iter()
-            .map(|t| t.extract())
-            .collect::<PyResult<_>>()?
-    } else {
-        return Err(type_error(
-            "band_weights",
-            "a mapping of priority to weight",
-            obj,
-        ));
-    };
+    let items = mapping_items(obj, "band_weights", "a mapping of priority to weight")?;
     let mut out = Vec::with_capacity(items.len());
     for (p, w) in &items {
         let p = i64_arg("priority", p)?;
@@ -1133,21 +1140,7 @@ impl PyScheduler {
     /// (in order: the client, then its value) before any counter moves;
     /// returns how many counters rose.
     fn raise_counters(&self, py: Python<'_>, counters: &Bound<'_, PyAny>) -> Result<usize> {
-        let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> =
-            if let Ok(d) = counters.cast::<PyDict>() {
-                d.iter().collect()
-            } else if let Ok(m) = counters.cast::<PyMapping>() {
-                m.items()?
-                    .iter()
-                    .map(|t| t.extract())
-                    .collect::<PyResult<_>>()?
-            } else {
-                return Err(type_error(
-                    "counters",
-                    "a mapping of client to counter",
-                    counters,
-                ));
-            };
+        let items = mapping_items(counters, "counters", "a mapping of client to counter")?;
         let mut checked = Vec::with_capacity(items.len());
         for (k, v) in &items {
             let key = client_arg(k)?;
