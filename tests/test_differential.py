@@ -53,6 +53,8 @@ def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int
     if r < 0.45:
         return "schedule", ()
     if r < 0.60:
+        if rng.random() < 0.3:  # engine form, uniform: every running request
+            return "decode_all", (rng.choice([None, 1, 1, 2, 5, 0, -1]),)
         return "decode", ()
     if r < 0.66:
         ids = rng.sample(known, k=min(len(known), rng.randint(0, 4)))

@@ -118,7 +118,12 @@ fuzz_target!(|data: &[u8]| {
                         .map(|&i| (i as i64 % 5) - (b(2) % 7 == 0) as i64)
                         .collect()
                 };
-                let r = s.decode(&ids, Tokens::PerRequest(&toks));
+                let r = if b(3) & 4 != 0 {
+                    // uniform: every running request, no ids
+                    s.decode_all(toks.first().copied().unwrap_or(1))
+                } else {
+                    s.decode(&ids, Tokens::PerRequest(&toks))
+                };
                 engine_mode |= r.is_ok();
                 r
             }

@@ -294,6 +294,11 @@ class Scheduler:
         ``request_ids[i]`` generated ``tokens[i]`` tokens (``tokens`` may be one
         int for all; default 1). No capacity check; returns ``[]``. All or nothing.
         """
+    def decode_all(self, tokens: int | None = None) -> None:
+        """Engine form, uniform: every running request generated ``tokens`` tokens
+        (default 1), without passing ids: the charges of ``decode(<every running
+        id>, tokens)``. No capacity check; all or nothing.
+        """
     def decode_outputs(
         self,
         outputs: Iterable[Any],

@@ -844,7 +844,7 @@ class Scheduler:
         if request_ids is None:
             if tokens is not None:
                 raise TypeError("tokens given without request_ids")
-            return self._decode_all()
+            return self._decode_step()
         for name, arg in (("request_ids", request_ids), ("tokens", tokens)):
             ndim = getattr(arg, "ndim", 1)  # a numpy array must be 1-d
             if isinstance(ndim, int) and ndim != 1 and not isinstance(arg, int):
@@ -903,7 +903,30 @@ class Scheduler:
         self._charge_bands(per_band)
         return []
 
-    def _decode_all(self) -> list[int]:
+    def decode_all(self, tokens=None) -> None:
+        """Engine form, uniform: every running request generated ``tokens`` (default 1)."""
+        t = 1 if tokens is None else _check_int("tokens", tokens, 0)
+        if t > MAX_TOKENS_PER_CALL:
+            raise InvalidArgumentError(f"tokens {t} exceeds {MAX_TOKENS_PER_CALL}")
+        running = [self._requests[x] for x in self._running]
+        running.sort(key=lambda r: r.admit_seq)  # checked in admission order
+        for r in running:
+            if r.generated + t > MAX_REQUEST_TOKENS:
+                raise InvalidArgumentError(
+                    f"request {r.rid} would have generated {r.generated + t} tokens, "
+                    f"more than {MAX_REQUEST_TOKENS} (2**54)"
+                )
+        per_client: dict = {}
+        per_band: dict = {}
+        for r in running:
+            self._add_tokens(per_client, r, t)
+            self._add_band_tokens(per_band, r, t)
+            r.generated += t
+            self.occupancy += t
+        self._charge_tokens(per_client)
+        self._charge_bands(per_band)
+
+    def _decode_step(self) -> list[int]:
         victims = []
         if self.occupancy + len(self._running) > self.M:
             # Evict from the least urgent band first, then the most-served

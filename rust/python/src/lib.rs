@@ -1359,6 +1359,24 @@ impl PyScheduler {
         }))
     }
 
+    /// Engine form, uniform: every running request generated `tokens`
+    /// tokens (default 1), no ids passed; the charges of `decode(<every
+    /// running id>, tokens)`. No capacity check; all or nothing.
+    #[pyo3(signature = (tokens = None))]
+    fn decode_all(&self, py: Python<'_>, tokens: Option<&Bound<'_, PyAny>>) -> Result<()> {
+        let t = match tokens {
+            None => 1,
+            Some(t) => int_arg("tokens", t).and_then(tokens_of)?,
+        };
+        let mut g = self.lock(py)?;
+        if g.core.num_running() >= DETACH_MIN {
+            py.detach(|| g.core.decode_all(t))?;
+        } else {
+            g.core.decode_all(t)?;
+        }
+        Ok(())
+    }
+
     /// Engine form of `decode` that reads an engine step's output objects
     /// itself: for each object, `len(obj.<tokens_attr>)` tokens (or the int
     /// it holds) are charged to the request its key `obj.<id_attr>` names:

@@ -197,6 +197,46 @@ impl Scheduler {
     pub fn decode(&mut self, rids: &[u64], tokens: Tokens<'_>) -> Result<()> {
         self.validate_decode(rids, tokens)?;
         let slots = std::mem::take(&mut self.slots);
+        self.apply_decode(&slots, tokens);
+        self.slots = slots;
+        Ok(())
+    }
+
+    /// Engine form, uniform: every running request generated `tokens` more
+    /// tokens (most decode steps: one each), with no ids to pass or look up.
+    /// The same charges as `decode(<every running id>, Each(tokens))`.
+    /// Checks: `tokens` (negative, more than MAX_TOKENS_PER_CALL), then the
+    /// running requests in admission order (past MAX_REQUEST_TOKENS); the
+    /// first failing check is the error and nothing has changed then. No
+    /// capacity check, as for every engine-form call.
+    pub fn decode_all(&mut self, tokens: i64) -> Result<()> {
+        if tokens < 0 {
+            return Err(CoreError::NegativeTokens(tokens));
+        }
+        let t = tokens as u64;
+        if t > MAX_TOKENS_PER_CALL {
+            return Err(CoreError::TooManyTokens(t));
+        }
+        for &s in &self.running {
+            let r = &self.requests[s as usize];
+            if r.generated + t > MAX_REQUEST_TOKENS {
+                return Err(CoreError::RequestTooLong {
+                    request_id: r.rid,
+                    tokens: u128::from(r.generated) + u128::from(t),
+                });
+            }
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let slots = std::mem::take(&mut self.running);
+        self.apply_decode(&slots, Tokens::Each(tokens));
+        self.running = slots;
+        Ok(())
+    }
+
+    /// Charge a validated decode: `slots[i]` generated `tokens.at(i)`.
+    fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
         let mut total = 0u128;
         for (i, &s) in slots.iter().enumerate() {
             let t = tokens.at(i) as u64;
@@ -218,11 +258,9 @@ impl Scheduler {
                 }
             }
         }
-        self.slots = slots;
         self.occupancy += total;
         self.charge_touched();
         self.charge_bands();
-        Ok(())
     }
 
     fn remove_running(&mut self, s: u32) {

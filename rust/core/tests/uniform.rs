@@ -1,0 +1,178 @@
+//! `decode_all`: the uniform engine-form decode (every running request
+//! generates the same number of tokens, no ids passed) charges exactly what
+//! `decode` with every running id charges, for every cost, prediction and
+//! band setting, and fails without changing anything.
+
+mod common;
+
+use common::{every_cost, Lcg};
+use vtc_core::{
+    ClientId, CoreError, Policy, Predictor, Scheduler, Tokens, MAX_REQUEST_TOKENS,
+    MAX_TOKENS_PER_CALL,
+};
+
+/// Everything observable that a decode changes, compared bit for bit.
+fn observe(s: &Scheduler, clients: &[ClientId]) -> Vec<String> {
+    let mut out: Vec<String> = clients
+        .iter()
+        .map(|&c| {
+            format!(
+                "{c:?} {:?} {:?} {:?}",
+                s.counter(c).unwrap().to_bits(),
+                s.service(c).unwrap().to_bits(),
+                s.tokens(c).unwrap()
+            )
+        })
+        .collect();
+    out.push(format!("occupancy {}", s.occupancy()));
+    out.push(format!("peek {:?}", s.peek()));
+    for rid in s.running() {
+        out.push(format!("running {rid} {}", s.generated(rid).unwrap()));
+    }
+    for (p, v) in s.band_counters() {
+        out.push(format!("band {p} {:?}", v.to_bits()));
+    }
+    out
+}
+
+/// One random engine-mode run through two schedulers, one decoding with
+/// `decode_all(t)` and the other with `decode(<running ids>, Each(t))`.
+fn run_pair(seed: u64, uniform: &mut Scheduler, listed: &mut Scheduler) {
+    let mut rng = Lcg(seed);
+    let clients: Vec<ClientId> = (0..5)
+        .map(|_| {
+            let c = uniform.add_client();
+            assert_eq!(listed.add_client(), c);
+            c
+        })
+        .collect();
+    let mut next_rid = 0u64;
+    let mut ids = Vec::new();
+    for _ in 0..600 {
+        match rng.below(10) {
+            0..=2 => {
+                next_rid += 1;
+                let c = clients[rng.below(5) as usize];
+                let prompt = 1 + rng.below(40) as i64;
+                let cached = rng.below(prompt as u64) as i64 / 2;
+                let predicted = match rng.below(4) {
+                    0 => Some(rng.below(12) as i64),
+                    _ => None,
+                };
+                let priority = rng.below(2) as i64;
+                for s in [&mut *uniform, &mut *listed] {
+                    s.submit_priority(next_rid, c, prompt, cached, predicted, priority)
+                        .unwrap();
+                }
+            }
+            3..=4 => {
+                assert_eq!(uniform.pop(), listed.pop());
+            }
+            5..=7 => {
+                let t = [0i64, 1, 1, 1, 2, 7][rng.below(6) as usize];
+                ids.clear();
+                ids.extend(listed.running());
+                listed.decode(&ids, Tokens::Each(t)).unwrap();
+                uniform.decode_all(t).unwrap();
+            }
+            8 => {
+                let n = uniform.num_running();
+                if n > 0 {
+                    let rid = uniform.running().nth(rng.below(n as u64) as usize).unwrap();
+                    if rng.below(3) == 0 {
+                        uniform.preempt(rid).unwrap();
+                        listed.preempt(rid).unwrap();
+                    } else {
+                        uniform.finish(rid).unwrap();
+                        listed.finish(rid).unwrap();
+                    }
+                }
+            }
+            _ => {
+                let c = clients[rng.below(5) as usize];
+                let w = [0.5, 1.0, 3.0][rng.below(3) as usize];
+                uniform.set_weight(c, w).unwrap();
+                listed.set_weight(c, w).unwrap();
+            }
+        }
+        assert_eq!(observe(uniform, &clients), observe(listed, &clients));
+    }
+}
+
+#[test]
+fn decode_all_charges_what_decode_with_every_running_id_charges() {
+    let mut seed = 1;
+    for cost in every_cost() {
+        for predictor in [Predictor::None, Predictor::Mean] {
+            for bands in [None, Some(&[(0i64, 1.0), (1, 3.0)][..])] {
+                for policy in [Policy::Vtc, Policy::Fcfs] {
+                    let make = || {
+                        let mut s = Scheduler::with_cost(1 << 20, cost, policy).unwrap();
+                        s.set_predictor(predictor);
+                        s.set_band_weights(bands).unwrap();
+                        s
+                    };
+                    let (mut a, mut b) = (make(), make());
+                    run_pair(seed, &mut a, &mut b);
+                    a.check_invariants().unwrap();
+                    seed += 1;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_all_refuses_bad_counts_and_changes_nothing() {
+    let mut s = Scheduler::new(1 << 20, 1.0, 2.0, Policy::Vtc).unwrap();
+    let x = s.add_client();
+    s.submit(1, x, 10).unwrap();
+    s.submit(2, x, 10).unwrap();
+    s.pop().unwrap();
+    s.pop().unwrap();
+    let before = observe(&s, &[x]);
+    assert!(matches!(s.decode_all(-1), Err(CoreError::NegativeTokens(-1))));
+    let too_many = MAX_TOKENS_PER_CALL as i64 + 1;
+    assert!(matches!(
+        s.decode_all(too_many),
+        Err(CoreError::TooManyTokens(t)) if t == too_many as u64
+    ));
+    assert_eq!(observe(&s, &[x]), before);
+    // no running request: a bad count is still refused, a good one does nothing
+    let mut idle = Scheduler::new(100, 1.0, 2.0, Policy::Vtc).unwrap();
+    assert!(idle.decode_all(-3).is_err());
+    idle.decode_all(5).unwrap();
+    assert_eq!(idle.occupancy(), 0);
+}
+
+#[test]
+fn decode_all_names_the_first_admitted_request_it_would_take_past_the_limit() {
+    let mut s = Scheduler::new(1 << 20, 1.0, 2.0, Policy::Vtc).unwrap();
+    let x = s.add_client();
+    s.submit(1, x, 1).unwrap();
+    s.submit(2, x, 1).unwrap();
+    s.pop().unwrap();
+    let step = MAX_TOKENS_PER_CALL as i64;
+    // request 1 alone up to just below the limit, then request 2 joins
+    let full = MAX_REQUEST_TOKENS / MAX_TOKENS_PER_CALL;
+    for _ in 0..full {
+        s.decode_all(step).unwrap();
+    }
+    s.pop().unwrap();
+    let g1 = s.generated(1).unwrap();
+    assert!(g1 <= MAX_REQUEST_TOKENS && g1 + MAX_TOKENS_PER_CALL > MAX_REQUEST_TOKENS);
+    let before = observe(&s, &[x]);
+    match s.decode_all(step) {
+        Err(CoreError::RequestTooLong {
+            request_id: 1,
+            tokens,
+        }) => assert_eq!(tokens, u128::from(g1) + u128::from(MAX_TOKENS_PER_CALL)),
+        other => panic!("expected RequestTooLong for request 1, got {other:?}"),
+    }
+    assert_eq!(observe(&s, &[x]), before);
+    // exactly up to the limit is allowed
+    let room = (MAX_REQUEST_TOKENS - g1) as i64;
+    s.decode_all(room).unwrap();
+    assert_eq!(s.generated(1).unwrap(), MAX_REQUEST_TOKENS);
+    assert_eq!(s.generated(2).unwrap(), room as u64);
+}
