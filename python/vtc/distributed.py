@@ -54,18 +54,19 @@ single-replica path and nothing changes.
 :class:`LocalStore` is an in-process twin of the Redis script (same
 semantics, as :mod:`vtc.reference` is to the core); the simulator uses it for
 speed and ``tests/redis`` checks that both give identical runs.  The
-multi-replica engine model (:func:`simulate_replicas`) lives here too.
+multi-replica engine model that does is :mod:`vtc.sim.replicas`; this module
+keeps the store, the sync and the bound they guarantee
+(:func:`staleness_bound`, :func:`drift_bound`) and imports nothing of
+:mod:`vtc.sim`.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import threading
 import time
 import uuid
-from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,8 +77,6 @@ from vtc._core import MAX_COUNTER
 if TYPE_CHECKING:
     import redis
     from vtc.config import SharedCounterSettings
-    from vtc.sim.engine import SimResult
-    from vtc.sim.workloads import Request
 
 log = logging.getLogger("vtc.distributed")
 
@@ -1064,208 +1063,7 @@ def from_settings(
     return shared
 
 
-# --------------------------------------------------------------------------- simulation
-MODES = ("fcfs", "per-replica", "global")
-
-
-@dataclass
-class ReplicaRun:
-    """A multi-replica run: the aggregate :class:`~vtc.sim.engine.SimResult` and the extras.
-
-    ``result.service`` sums every replica's service per tenant; ``backlogged``
-    means waiting on at least one replica.  ``staleness`` is the largest gap
-    seen between a tenant's true global counter (store + every replica's
-    unsynced charges) and a replica's local counter, over tenants waiting
-    there; ``rate`` (``mu``) the largest weighted service one replica delivered
-    over any window of ``2 * sync_interval`` steps, per step; ``syncs`` the
-    number of round trips.
-    """
-
-    result: SimResult
-    replicas: int
-    mode: str
-    sync_interval: int
-    staleness: float = 0.0
-    rate: float = 0.0
-    syncs: int = 0
-
-    @property
-    def staleness_bound(self) -> float:
-        """``eps = 2 (R - 1) S mu`` with the measured ``mu`` (``docs/distributed.md``)."""
-        return staleness_bound(self.replicas, self.sync_interval, self.rate)
-
-
-class _Replica:
-    def __init__(self, sched: Any, shared: SharedCounters | None, n_clients: int) -> None:
-        self.s = sched
-        self.shared = shared
-        self.heap: list[tuple[int, int]] = []
-        self.due: dict[int, int] = {}
-        self.stint: dict[int, int] = {}
-        self.waiting = [0] * n_clients
-        self.work = 0.0
-        self.history = array("d", [0.0])
-
-
-def pinned_router(replicas: int, pinned: Sequence[Client] = (0,)) -> Callable[[Request], int]:
-    """Skewed ingress: ``pinned`` tenants always go to replica 0, the others round-robin."""
-    pins = set(pinned)
-    sent: dict[Client, int] = {}
-
-    def route(r: Request) -> int:
-        if r.client in pins:
-            return 0
-        k = sent.get(r.client, hash(r.client) % replicas)
-        sent[r.client] = k + 1
-        return k % replicas
-
-    return route
-
-
-def simulate_replicas(
-    requests: Sequence[Request],
-    steps: int,
-    *,
-    replicas: int,
-    mode: str,
-    route: Callable[[Request], int],
-    M: int,
-    wp: float = 1.0,
-    wq: float = 2.0,
-    sync_interval: int = 10,
-    store: Store | None = None,
-    measure: bool = True,
-) -> ReplicaRun:
-    """Run ``requests`` on ``replicas`` engines (the :mod:`vtc.sim.engine` model) in lockstep.
-
-    ``mode``: ``"fcfs"`` or ``"per-replica"`` (independent FCFS / VTC schedulers),
-    or ``"global"`` (VTC with :class:`SharedCounters` on ``store``, default a
-    fresh :class:`LocalStore`; replica ``r`` syncs at steps ``t`` with
-    ``(t + r * sync_interval // replicas) % sync_interval == 0``, staggered).
-    ``route(request)`` picks the replica.  With ``measure`` the staleness of
-    the local counters is computed at every step (reads the store's counters).
-    """
-    import vtc
-    from vtc.sim.engine import SimResult
-
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    policy = "fcfs" if mode == "fcfs" else "vtc"
-    clients: list[Client] = sorted(
-        {r.client for r in requests}, key=lambda c: (isinstance(c, str), c)
-    )
-    cid = {c: k for k, c in enumerate(clients)}
-    step = [0]
-    if mode == "global" and store is None:
-        store = LocalStore(clock=lambda: float(step[0]))
-    reps: list[_Replica] = []
-    for k in range(replicas):
-        shared = None
-        if mode == "global":
-            shared = SharedCounters(
-                store, replica_id=f"sim-r{k}", sync_interval=sync_interval, liveness_ms=1 << 40
-            )
-        reps.append(_Replica(vtc.Scheduler(M, wp, wq, policy), shared, len(clients)))
-    n = len(requests)
-    where = [route(r) for r in requests]
-    owner = [cid[r.client] for r in requests]
-    output = [min(r.output_len, M - r.prompt_len) for r in requests]
-    generated = [0] * n
-    first_admit, finish = [-1] * n, [-1] * n
-    service = [array("d", [0.0]) for _ in clients]
-    backlog = [bytearray() for _ in clients]
-    work = array("d", [0.0])
-    preemptions = 0
-    staleness = 0.0
-    nxt = 0
-    for t in range(steps):
-        step[0] = t
-        while nxt < n and requests[nxt].arrival <= t:
-            rep = reps[where[nxt]]
-            rep.waiting[owner[nxt]] += 1
-            if rep.shared is not None:
-                rep.shared.submit(rep.s, nxt, requests[nxt].client, requests[nxt].prompt_len)
-            else:
-                rep.s.submit(nxt, requests[nxt].client, requests[nxt].prompt_len)
-            nxt += 1
-        for k, rep in enumerate(reps):
-            for rid in rep.s.schedule():
-                rep.waiting[owner[rid]] -= 1
-                if first_admit[rid] < 0:
-                    first_admit[rid] = t
-                    rep.work += wp * requests[rid].prompt_len
-                rep.stint[rid] = t
-                f = t + output[rid] - generated[rid] - 1
-                rep.due[rid] = f
-                heapq.heappush(rep.heap, (f, rid))
-            for rid in rep.s.decode():
-                preemptions += 1
-                rep.waiting[owner[rid]] += 1
-                generated[rid] += t - rep.stint[rid]
-                del rep.due[rid]
-            rep.work += wq * rep.s.num_running
-            rep.history.append(rep.work)
-            while rep.heap and rep.heap[0][0] <= t:
-                f, rid = heapq.heappop(rep.heap)
-                if rep.due.get(rid) == f:
-                    del rep.due[rid]
-                    rep.s.finish(rid)
-                    finish[rid] = t
-            if rep.shared is not None and (t + k * sync_interval // replicas) % sync_interval == 0:
-                rep.shared.sync(rep.s)
-        for j, c in enumerate(clients):
-            service[j].append(sum(rep.s.service(c) for rep in reps))
-            backlog[j].append(any(rep.waiting[j] > 0 for rep in reps))
-        work.append(sum(rep.work for rep in reps))
-        if mode == "global" and measure and store is not None:
-            staleness = max(staleness, _staleness(store, reps, clients))
-    result = SimResult(
-        requests=requests,
-        steps=steps,
-        M=M,
-        wp=wp,
-        wq=wq,
-        policy=policy,
-        rpm=None,
-        clients=clients,
-        weights={c: 1.0 for c in clients},
-        service={c: service[j] for j, c in enumerate(clients)},
-        backlogged={c: backlog[j] for j, c in enumerate(clients)},
-        work=work,
-        first_admit=first_admit,
-        finish=finish,
-        output_len=output,
-        preemptions=preemptions,
-    )
-    syncs = sum(rep.shared.stats.round_trips for rep in reps if rep.shared is not None)
-    span = min(2 * sync_interval, steps)
-    rate = max(
-        max(h[i] - h[i - span] for i in range(span, len(h))) / span if len(h) > span else 0.0
-        for h in (rep.history for rep in reps)
-    )
-    return ReplicaRun(
-        result, replicas, mode, sync_interval, staleness=staleness, rate=rate, syncs=syncs
-    )
-
-
-def _staleness(store: Store, reps: Sequence[_Replica], clients: Sequence[Client]) -> float:
-    """max over replicas r, tenants c waiting on r of ``true global counter(c) - counter_r(c)``."""
-    glob = store.counter if isinstance(store, LocalStore) else None
-    if glob is None:
-        glob = {encode(c): v for c, v in store.counters().items()}
-    worst = 0.0
-    for j, c in enumerate(clients):
-        key = encode(c)
-        true = glob.get(key, 0.0)
-        for rep in reps:
-            assert rep.shared is not None
-            true += rep.shared.unsynced(rep.s, c)
-        for rep in reps:
-            if rep.waiting[j]:
-                worst = max(worst, true - rep.s.counter(c))
-    return worst
-
-
+# --------------------------------------------------------------------------- the bound
 def staleness_bound(replicas: int, sync_interval: int, rate: float, weight: float = 1.0) -> float:
     """``eps = 2 (R - 1) S mu / w``: how far a replica's counter can lag the global one.
 

@@ -10,6 +10,7 @@ from typing import Any
 import vtc
 from vtc import distributed
 from vtc.sim import workloads
+from vtc.sim.replicas import pinned_router
 
 M = 2048
 TENANTS = 3  # tenant 0 pinned to replica 0; tenants 1, 2 spread over every replica
@@ -19,7 +20,7 @@ HORIZON = 40_000
 def requests_for(idx: int, replicas: int, seed: int = 0) -> list[workloads.Request]:
     """This replica's share of one deterministic overloaded workload, by the pinned router."""
     reqs = workloads.overloaded([1.5] * TENANTS, HORIZON, M, seed=seed)
-    route = distributed.pinned_router(replicas)
+    route = pinned_router(replicas)
     return [r for r in reqs if route(r) == idx]
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import vtc
 from vtc import distributed as D
 from vtc.sim import metrics, workloads
+from vtc.sim.replicas import pinned_router, simulate_replicas
 
 
 def store(server, ns: str = "t") -> D.RedisStore:
@@ -33,14 +38,35 @@ def req(rid: str, svc=None, add=(), rem=(), pull=(), full=False, epoch="", live=
     )
 
 
+def test_distributed_does_not_import_the_simulator():
+    """vtc.sim.replicas imports vtc.distributed, never the other way (no import circle)."""
+    code = (
+        "import sys, vtc.distributed\n"
+        "sim = sorted(m for m in sys.modules if m == 'vtc.sim' or m.startswith('vtc.sim.'))\n"
+        "assert not sim, sim\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # not even under TYPE_CHECKING or inside a function
+    tree = ast.parse(open(D.__file__, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            assert not (name + ".").startswith("vtc.sim."), f"line {node.lineno}: {name}"
+
+
 def test_replicas_experiment_identical_on_redis_and_twin(redis_server):
     """The simulation's global VTC on real Redis makes exactly the twin's decisions."""
     steps, M, R = 2000, 8192, 4
     reqs = workloads.overloaded([1.5] * R, steps, M, seed=1)
     runs = {}
     for name, st in (("redis", store(redis_server, "sim")), ("local", None)):
-        runs[name] = D.simulate_replicas(
-            reqs, steps, replicas=R, mode="global", route=D.pinned_router(R), M=M, store=st
+        runs[name] = simulate_replicas(
+            reqs, steps, replicas=R, mode="global", route=pinned_router(R), M=M, store=st
         )
     a, b = runs["redis"].result, runs["local"].result
     for c in a.clients:
@@ -61,7 +87,7 @@ def test_global_restores_fair_split_per_replica_loses():
     reqs = workloads.overloaded([1.5] * R, steps, M, seed=0)
     share = {}
     for mode in ("per-replica", "global"):
-        run = D.simulate_replicas(reqs, steps, replicas=R, mode=mode, route=D.pinned_router(R), M=M)
+        run = simulate_replicas(reqs, steps, replicas=R, mode=mode, route=pinned_router(R), M=M)
         share[mode] = metrics.shares(run.result)[0]
         drift = metrics.max_pair_drift(run.result)
         u = metrics.result_u(run.result)

@@ -8,6 +8,8 @@ True
 
 Modules: :mod:`~vtc.sim.workloads` (seeded generators and trace replay),
 :mod:`~vtc.sim.engine` (the engine model and the RPM gate),
+:mod:`~vtc.sim.replicas` (replicas of that engine, counters shared through
+:mod:`vtc.distributed` or not),
 :mod:`~vtc.sim.metrics` (drift, service difference, throughput, shares,
 latency), :mod:`~vtc.sim.experiments` (the design note's tables) and the
 ``python -m vtc.sim`` command line.

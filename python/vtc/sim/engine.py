@@ -10,6 +10,10 @@ Each step:
    later ``schedule()``);
 4. requests that reached their output length finish.
 
+Steps 2.-4. are :class:`Engine`'s (:meth:`~Engine.admit`, then
+:meth:`~Engine.run`) over a :class:`Ledger` of the requests: :func:`simulate`
+drives one engine, :mod:`vtc.sim.replicas` several in lockstep.
+
 The scheduler makes every decision; the harness only knows each request's
 true output length (the scheduler never does) and records what happened.
 Output lengths are capped so that ``prompt + output <= M``, which keeps every
@@ -21,7 +25,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -43,6 +47,9 @@ class SchedulerLike(Protocol):
 
     @property
     def num_running(self) -> int: ...  # noqa: D102
+
+    @property
+    def occupancy(self) -> int: ...  # noqa: D102
 
 
 SchedulerFactory = Callable[..., SchedulerLike]
@@ -159,6 +166,163 @@ class SimResult:
         return max((r.prompt_len for r in self.requests), default=0)
 
 
+class Ledger:
+    """Per-request state of one run, shared by every engine that serves its requests.
+
+    Request ``i`` (sorted by arrival, ``1 <= prompt_len < M``) runs with id
+    ``i``; its output is capped at ``M - prompt_len``.  ``clients`` are the
+    requests' clients plus ``extra_clients``, sorted (ints first);
+    ``owner[i]`` indexes them.  An :class:`Engine` fills ``first_admit``,
+    ``finish`` (-1 if it never happened), ``stint`` (the step of the current
+    admission), ``generated`` (tokens generated before the current stint;
+    :meth:`settle` makes it the total) and ``recomputed``.
+    """
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        M: int,
+        extra_clients: Iterable[Client] = (),
+        cached: Sequence[int] | None = None,
+    ) -> None:
+        n = len(requests)
+        self.requests = requests
+        self.clients: list[Client] = sorted(
+            set(extra_clients) | {r.client for r in requests},
+            key=lambda c: (isinstance(c, str), c),
+        )
+        cid = {c: k for k, c in enumerate(self.clients)}
+        self.arrival = [r.arrival for r in requests]
+        self.owner = [cid[r.client] for r in requests]
+        self.prompt = [r.prompt_len for r in requests]
+        for i, r in enumerate(requests):
+            if not 1 <= r.prompt_len < M or r.output_len < 1:
+                raise ValueError(f"request {i} ({r}) cannot run with M={M}")
+            if i and self.arrival[i] < self.arrival[i - 1]:
+                raise ValueError("requests must be sorted by arrival")
+        self.output = [min(r.output_len, M - r.prompt_len) for r in requests]
+        self.hit = list(cached) if cached is not None else [0] * n
+        self.generated = [0] * n
+        self.stint = [0] * n
+        self.first_admit = [-1] * n
+        self.finish = [-1] * n
+        self.recomputed = [0] * n
+
+    def settle(self, steps: int, engines: Iterable[Engine]) -> None:
+        """End of a ``steps``-step run: ``generated`` becomes each request's total."""
+        generated, output = self.generated, self.output
+        for rid, f in enumerate(self.finish):
+            if f >= 0:
+                generated[rid] = output[rid]
+        for engine in engines:
+            for rid in engine.due:
+                generated[rid] += steps - self.stint[rid]
+
+
+class Engine:
+    """One engine of the model around its scheduler: the step (2.-4. of the module docstring).
+
+    A step is :meth:`admit` (``schedule()``) then :meth:`run` (``decode()``
+    and the finishes); the harness submits arrivals between steps and calls
+    :meth:`arrive` for each.  Per client (indexed like ``ledger.clients``):
+    ``waiting`` (arrived and not running), ``running`` and, with ``inv_w``
+    (one over each client's weight), ``given``: the delivered service (``wp``
+    per computed prompt token at first admission, ``wq`` per generated
+    token, times ``inv_w``).  ``work`` counts the weighted tokens processed,
+    ``preemptions`` the preemptions, ``occupancy_sum`` the KV tokens held
+    after admission, summed over steps.
+    """
+
+    def __init__(
+        self,
+        sched: SchedulerLike,
+        ledger: Ledger,
+        wp: float,
+        wq: float,
+        inv_w: Sequence[float] | None = None,
+    ) -> None:
+        self.sched = sched
+        self.ledger = ledger
+        self.wp = wp
+        self.wq = wq
+        n_clients = len(ledger.clients)
+        self.waiting = [0] * n_clients
+        self.running = [0] * n_clients
+        self.given = [0.0] * n_clients
+        self.due: dict[int, int] = {}  # running request -> step at which it finishes
+        self.heap: list[tuple[int, int]] = []  # (finish step, rid); stale after a preemption
+        self.work = 0.0
+        self.preemptions = 0
+        self.occupancy_sum = 0
+        # the hot loops' references in one attribute (the steps are most of a run's time)
+        self._refs = (
+            ledger.owner,
+            ledger.prompt,
+            ledger.hit,
+            ledger.output,
+            ledger.first_admit,
+            ledger.stint,
+            ledger.generated,
+            ledger.recomputed,
+            ledger.finish,
+            self.waiting,
+            self.running,
+            self.given,
+            inv_w,
+            self.due,
+            self.heap,
+        )
+
+    def arrive(self, rid: int) -> None:
+        """Request ``rid`` arrived here (the harness submits it, or holds it at a gate)."""
+        self.waiting[self.ledger.owner[rid]] += 1
+
+    def admit(self, t: int) -> None:
+        """Step ``t``, 2.: ``schedule()`` admits under the KV budget."""
+        (owner, prompt, hit, output, first_admit, stint, generated, _, _,
+         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
+        wp, sched = self.wp, self.sched
+        for rid in sched.schedule():
+            k = owner[rid]
+            waiting[k] -= 1
+            if first_admit[rid] < 0:
+                first_admit[rid] = t
+                self.work += wp * prompt[rid]
+                if inv_w is not None:
+                    given[k] += wp * (prompt[rid] - hit[rid]) * inv_w[k]
+            running[k] += 1
+            stint[rid] = t
+            f = t + output[rid] - generated[rid] - 1
+            due[rid] = f
+            heapq.heappush(heap, (f, rid))
+        self.occupancy_sum += sched.occupancy
+
+    def run(self, t: int) -> None:
+        """Step ``t``, 3. and 4.: ``decode()`` (preempted ids first), then the finishes."""
+        (owner, prompt, _, _, _, stint, generated, recomputed, finish,
+         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
+        wq, sched = self.wq, self.sched
+        for rid in sched.decode():
+            self.preemptions += 1
+            waiting[owner[rid]] += 1
+            running[owner[rid]] -= 1
+            generated[rid] += t - stint[rid]
+            recomputed[rid] += prompt[rid] + generated[rid]
+            del due[rid]
+        self.work += wq * sched.num_running
+        if inv_w is not None:
+            for k in range(len(running)):
+                if running[k]:
+                    given[k] += wq * running[k] * inv_w[k]
+        while heap and heap[0][0] <= t:
+            f, rid = heapq.heappop(heap)
+            if due.get(rid) == f:
+                del due[rid]
+                sched.finish(rid)
+                finish[rid] = t
+                running[owner[rid]] -= 1
+
+
 def simulate(
     requests: Sequence[Request],
     steps: int,
@@ -198,21 +362,11 @@ def simulate(
     for c, w in weights.items():
         sched.set_weight(c, w)
     n = len(requests)
-    clients: list[Client] = sorted(
-        set(weights) | {r.client for r in requests}, key=lambda c: (isinstance(c, str), c)
-    )
-    cid = {c: k for k, c in enumerate(clients)}
-    arrival = [r.arrival for r in requests]
-    owner = [cid[r.client] for r in requests]
-    prompt = [r.prompt_len for r in requests]
-    for i, r in enumerate(requests):
-        if not 1 <= r.prompt_len < M or r.output_len < 1:
-            raise ValueError(f"request {i} ({r}) cannot run with M={M}")
-        if i and arrival[i] < arrival[i - 1]:
-            raise ValueError("requests must be sorted by arrival")
-    output = [min(r.output_len, M - r.prompt_len) for r in requests]
+    ledger = Ledger(requests, M, weights, cached)
+    clients = ledger.clients
+    arrival, prompt, hit = ledger.arrival, ledger.prompt, ledger.hit
     gate = RpmGate(rpm, minute) if rpm is not None else None
-    hit = list(cached) if cached is not None else [0] * n
+    engine = Engine(sched, ledger, wp, wq, [1.0 / weights.get(c, 1.0) for c in clients])
 
     def submit(rid: int) -> None:
         extra = {}
@@ -224,30 +378,17 @@ def simulate(
             extra["priority"] = priority[rid]
         sched.submit(rid, requests[rid].client, prompt[rid], **extra)
 
-    generated = [0] * n  # tokens generated before the current stint
-    stint = [0] * n  # step of the current admission
-    first_admit = [-1] * n
-    finish = [-1] * n
-    due: dict[int, int] = {}  # running request -> step at which it finishes
-    heap: list[tuple[int, int]] = []  # (finish step, rid); stale after a preemption
-    waiting = [0] * len(clients)  # arrived and not running, per client
+    waiting, given = engine.waiting, engine.given
     service = [array("d", [0.0]) for _ in clients]
     backlog = [bytearray() for _ in clients]
+    delivered = [array("d", [0.0]) for _ in clients]
     work = array("d", [0.0])
-    done = 0.0
-    preemptions = 0
     svc = sched.service
     nxt = 0
-    recomputed = [0] * n
-    inv_w = [1.0 / weights.get(c, 1.0) for c in clients]
-    running_of = [0] * len(clients)  # running requests per client
-    delivered = [array("d", [0.0]) for _ in clients]
-    given = [0.0] * len(clients)
-    occupancy_sum = 0
 
     for t in range(steps):
         while nxt < n and arrival[nxt] <= t:
-            waiting[owner[nxt]] += 1
+            engine.arrive(nxt)
             if gate is None:
                 submit(nxt)
             else:
@@ -256,52 +397,19 @@ def simulate(
         if gate is not None:
             for rid in gate.release(t):
                 submit(rid)
-        for rid in sched.schedule():
-            waiting[owner[rid]] -= 1
-            k = owner[rid]
-            if first_admit[rid] < 0:
-                first_admit[rid] = t
-                done += wp * prompt[rid]
-                given[k] += wp * (prompt[rid] - hit[rid]) * inv_w[k]
-            running_of[k] += 1
-            stint[rid] = t
-            f = t + output[rid] - generated[rid] - 1
-            due[rid] = f
-            heapq.heappush(heap, (f, rid))
+        engine.admit(t)
         for k in range(len(clients)):
             backlog[k].append(waiting[k] > 0)
-        occupancy_sum += sched.occupancy
-        for rid in sched.decode():
-            preemptions += 1
-            waiting[owner[rid]] += 1
-            running_of[owner[rid]] -= 1
-            generated[rid] += t - stint[rid]
-            recomputed[rid] += prompt[rid] + generated[rid]
-            del due[rid]
-        done += wq * sched.num_running
-        for k in range(len(clients)):
-            if running_of[k]:
-                given[k] += wq * running_of[k] * inv_w[k]
-        while heap and heap[0][0] <= t:
-            f, rid = heapq.heappop(heap)
-            if due.get(rid) == f:
-                del due[rid]
-                sched.finish(rid)
-                finish[rid] = t
-                running_of[owner[rid]] -= 1
+        engine.run(t)
         for k, c in enumerate(clients):
             service[k].append(svc(c))
             delivered[k].append(given[k])
-        work.append(done)
+        work.append(engine.work)
         if progress is not None and not t & 1023:
             progress.update(t)
     if progress is not None:
         progress.close()
-    for rid, f in enumerate(finish):
-        if f >= 0:
-            generated[rid] = output[rid]
-        elif rid in due:
-            generated[rid] += steps - stint[rid]
+    ledger.settle(steps, [engine])
 
     return SimResult(
         requests=requests,
@@ -316,13 +424,13 @@ def simulate(
         service={c: service[k] for k, c in enumerate(clients)},
         backlogged={c: backlog[k] for k, c in enumerate(clients)},
         work=work,
-        first_admit=first_admit,
-        finish=finish,
-        output_len=output,
-        preemptions=preemptions,
-        generated=generated,
-        recomputed=recomputed,
+        first_admit=ledger.first_admit,
+        finish=ledger.finish,
+        output_len=ledger.output,
+        preemptions=engine.preemptions,
+        generated=ledger.generated,
+        recomputed=ledger.recomputed,
         delivered={c: delivered[k] for k, c in enumerate(clients)},
-        occupancy_sum=occupancy_sum,
+        occupancy_sum=engine.occupancy_sum,
         cached=hit,
     )

@@ -474,6 +474,7 @@ def replicas(opts: Options, sizes: Sequence[int] = (2, 4, 8)) -> Report:
     divides the max drift by ``2 (N U + eps)`` (``docs/distributed.md``).
     """
     from vtc import distributed
+    from vtc.sim.replicas import MODES, pinned_router, simulate_replicas
 
     steps, M, S = opts.steps or 10000, opts.M or 8192, opts.sync_interval
     table = Table(
@@ -498,19 +499,19 @@ def replicas(opts: Options, sizes: Sequence[int] = (2, 4, 8)) -> Report:
     panels = []
     for n in sizes:
         reqs = workloads.overloaded([1.5] * n, steps, M, seed=opts.seed)
-        for mode in distributed.MODES:
+        for mode in MODES:
             store = None
             if mode == "global" and opts.redis_url:
                 store = distributed.RedisStore.from_url(
                     opts.redis_url, f"sim-{os.getpid()}-{n}", timeout_ms=2000
                 )
                 store.clear()
-            run = distributed.simulate_replicas(
+            run = simulate_replicas(
                 reqs,
                 steps,
                 replicas=n,
                 mode=mode,
-                route=distributed.pinned_router(n),
+                route=pinned_router(n),
                 M=M,
                 wp=opts.wp,
                 wq=opts.wq,
