@@ -11,6 +11,8 @@ batch; prompts are 256 tokens so that the budget admits a known batch.
 * ``finish``: the oldest running request (set-up admits one first).
 * ``decode``: ``decode(ids, 1)`` for a batch of B running requests given as
   a numpy int64 array; the B requests belong to min(B, C) distinct clients.
+* ``decode_all``: ``decode_all(1)``, the same charges with no ids (the uniform
+  step), in the same group as ``decode`` so the two are side by side.
 """
 
 import threading
@@ -120,6 +122,17 @@ def test_decode(benchmark, C, B):
     benchmark.group = f"decode B={B}"
     benchmark.extra_info["distinct_clients"] = min(B, C)
     benchmark.pedantic(s.decode, args=(ids, 1), rounds=3_000, iterations=1, warmup_rounds=10)
+
+
+@pytest.mark.parametrize("B", BS)
+@pytest.mark.parametrize("C", CS)
+def test_decode_all(benchmark, C, B):
+    _cache.clear()
+    st = State(C, B, per_client=max(2, -(-2 * B // C)))
+    s = st.s
+    benchmark.group = f"decode B={B}"
+    benchmark.extra_info["distinct_clients"] = min(B, C)
+    benchmark.pedantic(s.decode_all, args=(1,), rounds=3_000, iterations=1, warmup_rounds=10)
 
 
 @pytest.mark.parametrize("neighbour", ["idle", "busy thread"])

@@ -104,7 +104,7 @@ pub(crate) struct Band {
  * by priority and found by binary search.
  */
 
-use crate::cost::Pending;
+use crate::cost::{Pending, RunSums};
 
 #[derive(Debug, Clone)]
 pub(crate) struct Share {
@@ -115,6 +115,8 @@ pub(crate) struct Share {
     pub live: u64,
     /// A decode call's token sums for this band, charged at its end.
     pub pending: Pending,
+    /// Its running requests' sums (for `decode_all`).
+    pub run: RunSums,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -168,6 +170,32 @@ impl Shares {
             self.touched.push(i as u32);
         }
         sh.pending.add(prompt, before, tokens);
+        sh.run.gen += u128::from(tokens);
+    }
+
+    /// Every running request generated `t > 0` tokens: each band with
+    /// running requests gets their sums at once.
+    pub fn add_uniform(&mut self, t: u64) {
+        for (i, sh) in self.live.iter_mut().enumerate() {
+            if sh.run.n > 0 {
+                debug_assert_eq!(sh.pending.t, 0);
+                sh.pending = sh.run.grow_all(t);
+                self.touched.push(i as u32);
+            }
+        }
+    }
+
+    /// A running request of band `priority` enters or leaves the running set.
+    #[inline]
+    pub fn enter_running(&mut self, priority: i64, prompt: u64, gen: u64) {
+        let i = self.slot(priority).expect("a live request's band has a share");
+        self.live[i].run.enter(prompt, gen);
+    }
+
+    #[inline]
+    pub fn leave_running(&mut self, priority: i64, prompt: u64, gen: u64) {
+        let i = self.slot(priority).expect("a live request's band has a share");
+        self.live[i].run.leave(prompt, gen);
     }
 
     /// Charge every touched band its decode call's sums.

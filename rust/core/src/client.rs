@@ -43,6 +43,11 @@ pub struct Client {
     pub(crate) decode_tokens: u64,
     /// False once forgotten; the id is then free for reuse.
     pub(crate) live: bool,
+    /// The sum of its running requests' prompts (their generated tokens
+    /// sum to `occupancy - run_prompt`; see `Scheduler::decode_all`).
+    pub(crate) run_prompt: u128,
+    /// Its index in `Scheduler::running_clients` while it has running requests.
+    pub(crate) run_pos: u32,
 }
 
 impl Default for Client {
@@ -62,6 +67,8 @@ impl Default for Client {
             prompt_tokens: 0,
             decode_tokens: 0,
             live: true,
+            run_prompt: 0,
+            run_pos: u32::MAX,
         }
     }
 }

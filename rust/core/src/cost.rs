@@ -146,6 +146,48 @@ impl Cost {
     }
 }
 
+/// Sums over a set of running requests (a client's, a band's): how many,
+/// their prompts, their generated tokens. With them one uniform decode of
+/// `t` tokens each is one [`Pending`], whatever the number of requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunSums {
+    pub n: u64,
+    pub prompt: u128,
+    pub gen: u128,
+}
+
+impl RunSums {
+    #[inline]
+    pub fn enter(&mut self, prompt: u64, gen: u64) {
+        self.n += 1;
+        self.prompt += u128::from(prompt);
+        self.gen += u128::from(gen);
+    }
+
+    #[inline]
+    pub fn leave(&mut self, prompt: u64, gen: u64) {
+        self.n -= 1;
+        self.prompt -= u128::from(prompt);
+        self.gen -= u128::from(gen);
+    }
+
+    /// The sums of every request generating `t` more tokens (the sum over
+    /// the requests of `Pending::add(n_i, g_i, t)`, exactly), and the
+    /// generated tokens moved on.
+    #[inline]
+    pub fn grow_all(&mut self, t: u64) -> Pending {
+        let (k, t128) = (u128::from(self.n), u128::from(t));
+        let p = Pending {
+            t: self.n * t,
+            p: t128 * self.prompt,
+            q: t128 * (2 * self.gen + k * t128),
+            ctx: t128 * (self.prompt + self.gen) + k * (t128 * t128.saturating_sub(1) / 2),
+        };
+        self.gen += k * t128;
+        p
+    }
+}
+
 impl Pending {
     /// Add a request with prompt `n` that generated `t` tokens after `g`.
     #[inline]
@@ -221,6 +263,22 @@ mod tests {
             steps.add(100, g, 1);
         }
         assert_eq!(once, steps);
+    }
+
+    #[test]
+    fn uniform_sums_equal_the_sum_over_requests() {
+        let reqs = [(100u64, 5u64), (7, 0), (3000, 12345), (1, 1)];
+        for t in [0u64, 1, 2, 9, 1 << 32] {
+            let mut each = Pending::default();
+            let mut run = RunSums::default();
+            for &(n, g) in &reqs {
+                each.add(n, g, t);
+                run.enter(n, g);
+            }
+            let gen_before = run.gen;
+            assert_eq!(run.grow_all(t), each, "t = {t}");
+            assert_eq!(run.gen, gen_before + 4 * u128::from(t));
+        }
     }
 
     #[test]

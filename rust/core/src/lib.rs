@@ -27,7 +27,7 @@ mod scheduler;
 mod snapshot;
 
 pub use client::{Client, ClientId};
-pub use cost::{Cost, Pending};
+pub use cost::{Cost, Pending, RunSums};
 pub use error::{CoreError, Op, Result, Where};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
 pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};

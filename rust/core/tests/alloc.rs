@@ -1,7 +1,8 @@
 //! "No allocation per decode step in the core" (issue 5), checked with a
 //! counting global allocator: once the scheduler has warmed up, charging a
-//! running batch (`decode` with one count for all or one per request, and the
-//! capacity-checked `decode_step`) allocates nothing, for every cost function
+//! running batch (`decode` with one count for all or one per request,
+//! `decode_all`, and the capacity-checked `decode_step`) allocates nothing,
+//! for every cost function
 //! and in the bulk re-key path (a decode that touches most backlogged clients)
 //! as well as the per-client one. Reading `active_clients` allocates nothing
 //! either.
@@ -95,10 +96,12 @@ fn decode_of_a_running_batch_allocates_nothing() {
             // Warm-up: the first call may size the scheduler's scratch space.
             s.decode(&running, Tokens::Each(1)).unwrap();
             s.decode(&running, Tokens::PerRequest(&counts)).unwrap();
+            s.decode_all(1).unwrap();
             for step in 0..50 {
                 let n = allocations_in(|| {
                     s.decode(&running, Tokens::Each(1)).unwrap();
                     s.decode(&running, Tokens::PerRequest(&counts)).unwrap();
+                    s.decode_all(2).unwrap();
                 });
                 assert_eq!(
                     n, 0,

@@ -37,7 +37,9 @@ fn observe(s: &Scheduler, clients: &[ClientId]) -> Vec<String> {
 
 /// One random engine-mode run through two schedulers, one decoding with
 /// `decode_all(t)` and the other with `decode(<running ids>, Each(t))`.
-fn run_pair(seed: u64, uniform: &mut Scheduler, listed: &mut Scheduler) {
+/// Without `predict` no request has a predicted length: with the `none`
+/// predictor every `decode_all` then takes the per-client sums.
+fn run_pair(seed: u64, predict: bool, uniform: &mut Scheduler, listed: &mut Scheduler) {
     let mut rng = Lcg(seed);
     let clients: Vec<ClientId> = (0..5)
         .map(|_| {
@@ -56,7 +58,7 @@ fn run_pair(seed: u64, uniform: &mut Scheduler, listed: &mut Scheduler) {
                 let prompt = 1 + rng.below(40) as i64;
                 let cached = rng.below(prompt as u64) as i64 / 2;
                 let predicted = match rng.below(4) {
-                    0 => Some(rng.below(12) as i64),
+                    0 if predict => Some(rng.below(12) as i64),
                     _ => None,
                 };
                 let priority = rng.below(2) as i64;
@@ -96,6 +98,8 @@ fn run_pair(seed: u64, uniform: &mut Scheduler, listed: &mut Scheduler) {
             }
         }
         assert_eq!(observe(uniform, &clients), observe(listed, &clients));
+        uniform.check_invariants().unwrap();
+        listed.check_invariants().unwrap();
     }
 }
 
@@ -105,7 +109,11 @@ fn decode_all_charges_what_decode_with_every_running_id_charges() {
     for cost in every_cost() {
         for predictor in [Predictor::None, Predictor::Mean] {
             for bands in [None, Some(&[(0i64, 1.0), (1, 3.0)][..])] {
-                for policy in [Policy::Vtc, Policy::Fcfs] {
+                for (policy, predict) in [
+                    (Policy::Vtc, true),
+                    (Policy::Vtc, false),
+                    (Policy::Fcfs, false),
+                ] {
                     let make = || {
                         let mut s = Scheduler::with_cost(1 << 20, cost, policy).unwrap();
                         s.set_predictor(predictor);
@@ -113,8 +121,7 @@ fn decode_all_charges_what_decode_with_every_running_id_charges() {
                         s
                     };
                     let (mut a, mut b) = (make(), make());
-                    run_pair(seed, &mut a, &mut b);
-                    a.check_invariants().unwrap();
+                    run_pair(seed, predict, &mut a, &mut b);
                     seed += 1;
                 }
             }
@@ -175,4 +182,43 @@ fn decode_all_names_the_first_admitted_request_it_would_take_past_the_limit() {
     s.decode_all(room).unwrap();
     assert_eq!(s.generated(1).unwrap(), MAX_REQUEST_TOKENS);
     assert_eq!(s.generated(2).unwrap(), room as u64);
+}
+
+#[test]
+fn decode_with_ids_refuses_to_pass_the_limit_however_the_count_got_there() {
+    let step = MAX_TOKENS_PER_CALL as i64;
+    let full = MAX_REQUEST_TOKENS / MAX_TOKENS_PER_CALL;
+    for uniform in [true, false] {
+        let mut s = Scheduler::new(1 << 20, 1.0, 2.0, Policy::Vtc).unwrap();
+        let x = s.add_client();
+        s.submit(1, x, 1).unwrap();
+        s.submit(2, x, 1).unwrap();
+        s.pop().unwrap();
+        s.pop().unwrap();
+        s.finish(2).unwrap(); // a request that left: the bound stays loose
+        for _ in 0..full {
+            if uniform {
+                s.decode_all(step).unwrap();
+            } else {
+                s.decode(&[1], Tokens::Each(step)).unwrap();
+            }
+        }
+        let g = s.generated(1).unwrap();
+        let before = observe(&s, &[x]);
+        match s.decode(&[1], Tokens::PerRequest(&[step])) {
+            Err(CoreError::RequestTooLong {
+                request_id: 1,
+                tokens,
+            }) => assert_eq!(tokens, u128::from(g) + u128::from(MAX_TOKENS_PER_CALL)),
+            other => panic!("expected RequestTooLong for request 1, got {other:?}"),
+        }
+        assert_eq!(observe(&s, &[x]), before);
+        let room = (MAX_REQUEST_TOKENS - g) as i64;
+        s.decode(&[1], Tokens::Each(room)).unwrap();
+        assert_eq!(s.generated(1).unwrap(), MAX_REQUEST_TOKENS);
+        assert!(s.decode(&[1], Tokens::Each(1)).is_err());
+        assert!(s.decode_all(1).is_err());
+        s.decode_all(0).unwrap();
+        s.check_invariants().unwrap();
+    }
 }

@@ -29,7 +29,7 @@ impl Scheduler {
             return out.len() - start;
         }
         while let Some(s) = self.next_slot() {
-            let fp = self.requests[s as usize].footprint();
+            let fp = self.requests[s as usize].footprint(self.uniform);
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
@@ -44,7 +44,7 @@ impl Scheduler {
         let mut parked = std::mem::take(&mut self.parked);
         while let Some(e) = self.top_entity() {
             let s = self.next_slot().expect("an entity has a head");
-            let fp = self.requests[s as usize].footprint();
+            let fp = self.requests[s as usize].footprint(self.uniform);
             let c = self.entities[e as usize].client;
             let cl = &self.clients[c as usize];
             if cl.n_running > 0 && cl.occupancy + u128::from(fp) > u128::from(cap) {
@@ -89,21 +89,24 @@ impl Scheduler {
             self.preempt_for_growth(preempted)?;
         }
         let keep = self.running.len();
+        let uniform = self.uniform;
         for i in 0..keep {
             let s = self.running[i];
             let r = &mut self.requests[s as usize];
-            let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
-            r.generated += 1;
+            let before = r.running_generated(uniform);
+            let (c, prompt, pred) = (r.client, r.prompt, r.predicted);
+            r.gen = r.gen.wrapping_add(1);
             self.add_pending(c, prompt, before, 1, pred);
         }
         if let Some(sh) = &mut self.shares {
             // a pass of its own: strict bands keep the loop above free of it
             for &s in &self.running {
                 let r = &self.requests[s as usize];
-                sh.add_tokens(r.priority, r.prompt, r.generated - 1, 1);
+                sh.add_tokens(r.priority, r.prompt, r.running_generated(uniform) - 1, 1);
             }
         }
         self.occupancy += keep as u128;
+        self.gen_hi = self.gen_hi.saturating_add(1);
         self.charge_touched();
         self.charge_bands();
         Ok(())
@@ -136,13 +139,13 @@ impl Scheduler {
                 let r = &self.requests[order[k].3 as usize];
                 let err = CoreError::Capacity {
                     request_id: r.rid,
-                    tokens: r.footprint(),
+                    tokens: r.footprint(self.uniform),
                     budget: self.budget,
                 };
                 self.victims = order;
                 return Err(err);
             }
-            occ -= u128::from(self.requests[order[k].3 as usize].footprint());
+            occ -= u128::from(self.requests[order[k].3 as usize].footprint(self.uniform));
             keep -= 1;
             k += 1;
         }

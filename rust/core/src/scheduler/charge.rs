@@ -103,6 +103,9 @@ impl Scheduler {
         cl.occupancy += u128::from(tokens);
         let (before, tokens) = if predicted > before {
             let end = before + tokens;
+            if end >= predicted {
+                self.n_predicting -= 1; // the prediction is used up now
+            }
             if end <= predicted {
                 return;
             }
@@ -143,7 +146,7 @@ impl Scheduler {
         if !r.prefill_paid {
             return;
         }
-        let (c, prompt, g, p) = (r.client, r.prompt, r.generated, r.predicted);
+        let (c, prompt, g, p) = (r.client, r.prompt, r.generated(self.uniform), r.predicted);
         if p > g {
             let mut over = Pending::default();
             over.add(prompt, g, p - g);

@@ -39,10 +39,9 @@ impl Scheduler {
         let predictor = self.predictor;
         let mean = self.means.get(c as usize).copied().flatten();
         let r = &mut self.requests[entry.slot as usize];
-        r.state = Slot::Running;
         r.admit_seq = admit_seq;
         let rid = r.rid;
-        let fp = r.footprint();
+        let fp = r.footprint(0); // not running yet: the plain count
         // A preempted request that comes back already paid for its prompt.
         let (mut prompt_tokens, mut decode_tokens) = (0, 0);
         let charge = if r.prefill_paid {
@@ -81,6 +80,7 @@ impl Scheduler {
         cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
+        self.start_running(entry.slot);
         self.entities[e as usize].n_waiting -= 1;
         if self.waiting_left(c, e) || charge.is_some() {
             // a new head, a new counter, or both: re-key every band it waits in
@@ -152,6 +152,9 @@ impl Scheduler {
         }
         self.decode_epoch += 1;
         let epoch = self.decode_epoch;
+        let uniform = self.uniform;
+        // no running request is near the limit: no count in range can pass it
+        let near_limit = self.gen_hi + MAX_TOKENS_PER_CALL > MAX_REQUEST_TOKENS;
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
         let mut result = Ok(());
@@ -172,10 +175,10 @@ impl Scheduler {
                 Some(CoreError::NegativeTokens(t))
             } else if t as u64 > MAX_TOKENS_PER_CALL {
                 Some(CoreError::TooManyTokens(t as u64))
-            } else if r.generated + t as u64 > MAX_REQUEST_TOKENS {
+            } else if near_limit && r.running_generated(uniform) + t as u64 > MAX_REQUEST_TOKENS {
                 Some(CoreError::RequestTooLong {
                     request_id: rid,
-                    tokens: u128::from(r.generated) + t as u128,
+                    tokens: u128::from(r.running_generated(uniform)) + t as u128,
                 })
             } else {
                 None
@@ -202,47 +205,16 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Engine form, uniform: every running request generated `tokens` more
-    /// tokens (most decode steps: one each), with no ids to pass or look up.
-    /// The same charges as `decode(<every running id>, Each(tokens))`.
-    /// Checks: `tokens` (negative, more than MAX_TOKENS_PER_CALL), then the
-    /// running requests in admission order (past MAX_REQUEST_TOKENS); the
-    /// first failing check is the error and nothing has changed then. No
-    /// capacity check, as for every engine-form call.
-    pub fn decode_all(&mut self, tokens: i64) -> Result<()> {
-        if tokens < 0 {
-            return Err(CoreError::NegativeTokens(tokens));
-        }
-        let t = tokens as u64;
-        if t > MAX_TOKENS_PER_CALL {
-            return Err(CoreError::TooManyTokens(t));
-        }
-        for &s in &self.running {
-            let r = &self.requests[s as usize];
-            if r.generated + t > MAX_REQUEST_TOKENS {
-                return Err(CoreError::RequestTooLong {
-                    request_id: r.rid,
-                    tokens: u128::from(r.generated) + u128::from(t),
-                });
-            }
-        }
-        if t == 0 {
-            return Ok(());
-        }
-        let slots = std::mem::take(&mut self.running);
-        self.apply_decode(&slots, Tokens::Each(tokens));
-        self.running = slots;
-        Ok(())
-    }
-
     /// Charge a validated decode: `slots[i]` generated `tokens.at(i)`.
-    fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
+    pub(super) fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
         let mut total = 0u128;
+        let uniform = self.uniform;
         for (i, &s) in slots.iter().enumerate() {
             let t = tokens.at(i) as u64;
             let r = &mut self.requests[s as usize];
-            let (c, prompt, before, pred) = (r.client, r.prompt, r.generated, r.predicted);
-            r.generated += t;
+            let before = r.running_generated(uniform);
+            let (c, prompt, pred) = (r.client, r.prompt, r.predicted);
+            r.gen = r.gen.wrapping_add(t);
             total += u128::from(t);
             if t > 0 {
                 self.add_pending(c, prompt, before, t, pred);
@@ -254,16 +226,26 @@ impl Scheduler {
                 let t = tokens.at(i) as u64;
                 let r = &self.requests[s as usize];
                 if t > 0 {
-                    sh.add_tokens(r.priority, r.prompt, r.generated - t, t);
+                    let before = r.running_generated(uniform) - t;
+                    sh.add_tokens(r.priority, r.prompt, before, t);
                 }
             }
         }
         self.occupancy += total;
+        // every request grew by at most this much
+        let most = match tokens {
+            Tokens::Each(t) => t as u64,
+            Tokens::PerRequest(_) => u64::try_from(total).unwrap_or(u64::MAX),
+        };
+        self.gen_hi = self.gen_hi.saturating_add(most);
         self.charge_touched();
         self.charge_bands();
     }
 
-    fn remove_running(&mut self, s: u32) {
+    /// Take running request slot `s` out of the running set; it goes to
+    /// state `next` (the caller puts it there).
+    fn remove_running(&mut self, s: u32, next: Slot) {
+        self.stop_running(s, next);
         let admit_seq = self.requests[s as usize].admit_seq;
         let pos = self
             .running
@@ -272,7 +254,7 @@ impl Scheduler {
         self.running.remove(pos);
         let r = &self.requests[s as usize];
         self.running_index.remove(&r.rid);
-        let fp = r.footprint();
+        let fp = r.footprint(self.uniform); // stopped: the plain count
         self.occupancy -= u128::from(fp);
         let cl = &mut self.clients[r.client as usize];
         cl.n_running -= 1;
@@ -280,7 +262,7 @@ impl Scheduler {
     }
 
     pub(super) fn preempt_slot(&mut self, s: u32) {
-        self.remove_running(s);
+        self.remove_running(s, Slot::Waiting);
         // No lift: the client was being served, not idle.
         self.requeue_front(s);
     }
@@ -387,7 +369,7 @@ impl Scheduler {
     pub fn finish(&mut self, rid: u64) -> Result<()> {
         let s = self.running_slot(rid, Op::Finish)?;
         self.settle(s, true);
-        self.remove_running(s);
+        self.remove_running(s, Slot::Free);
         self.free_slot(s);
         self.release_band(self.requests[s as usize].priority);
         Ok(())
@@ -401,7 +383,7 @@ impl Scheduler {
         match self.requests[s as usize].state {
             Slot::Running => {
                 self.settle(s, false);
-                self.remove_running(s);
+                self.remove_running(s, Slot::Free);
                 self.free_slot(s);
             }
             Slot::Waiting => {

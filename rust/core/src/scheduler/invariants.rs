@@ -7,7 +7,7 @@ use super::request::Slot;
 use super::Scheduler;
 use crate::band::QueueEntry;
 use crate::band::NO_ENTITY;
-use crate::cost::Pending;
+use crate::cost::{Pending, RunSums};
 use crate::heap::NOT_IN_HEAP;
 
 impl Scheduler {
@@ -128,6 +128,7 @@ impl Scheduler {
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.check_bands()?;
         self.check_shares()?;
+        self.check_running_sums()?;
         let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {
@@ -139,7 +140,7 @@ impl Scheduler {
                 return Err("running list out of admission order".into());
             }
             prev = r.admit_seq;
-            occ += u128::from(r.footprint());
+            occ += u128::from(r.footprint(self.uniform));
         }
         if occ != self.occupancy {
             return Err(format!(
@@ -165,7 +166,7 @@ impl Scheduler {
         for &s in &self.running {
             let r = &self.requests[s as usize];
             running[r.client as usize] += 1;
-            occ_of[r.client as usize] += u128::from(r.footprint());
+            occ_of[r.client as usize] += u128::from(r.footprint(self.uniform));
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {
@@ -262,6 +263,83 @@ impl Scheduler {
                 live,
                 self.index.len()
             ));
+        }
+        Ok(())
+    }
+
+    /// The running sums, `running_clients`, `n_predicting` and `gen_hi`
+    /// against the running list (the invariant of `running`).
+    fn check_running_sums(&self) -> std::result::Result<(), String> {
+        let mut sums = vec![RunSums::default(); self.clients.len()];
+        let mut bands: Vec<(i64, RunSums)> = Vec::new();
+        let mut predicting = 0;
+        for &s in &self.running {
+            let r = &self.requests[s as usize];
+            let g = r.generated(self.uniform);
+            sums[r.client as usize].enter(r.prompt, g);
+            match bands.iter_mut().find(|(p, _)| *p == r.priority) {
+                Some((_, b)) => b.enter(r.prompt, g),
+                None => {
+                    let mut b = RunSums::default();
+                    b.enter(r.prompt, g);
+                    bands.push((r.priority, b));
+                }
+            }
+            predicting += usize::from(r.predicted > g);
+            if g > self.gen_hi {
+                return Err(format!("request {} generated {g} > gen_hi {}", r.rid, self.gen_hi));
+            }
+        }
+        if predicting != self.n_predicting {
+            return Err(format!(
+                "n_predicting {} != {predicting}",
+                self.n_predicting
+            ));
+        }
+        let mut listed = 0;
+        for (i, cl) in self.clients.iter().enumerate() {
+            let run = RunSums {
+                n: cl.n_running as u64,
+                prompt: cl.run_prompt,
+                gen: cl.occupancy.wrapping_sub(cl.run_prompt),
+            };
+            if run != sums[i] {
+                return Err(format!("client {i}: running sums {run:?} != {:?}", sums[i]));
+            }
+            if cl.n_running > 0 {
+                listed += 1;
+                if self.running_clients.get(cl.run_pos as usize) != Some(&(i as u32)) {
+                    return Err(format!("client {i} is not at its run_pos {}", cl.run_pos));
+                }
+            }
+        }
+        if let Some((i, _)) = self
+            .clients
+            .iter()
+            .enumerate()
+            .find(|(_, cl)| cl.n_running == 0 && cl.run_pos != u32::MAX)
+        {
+            return Err(format!("client {i} has no running request but a run_pos"));
+        }
+        if listed != self.running_clients.len() {
+            return Err(format!(
+                "running_clients holds {} clients, {listed} have running requests",
+                self.running_clients.len()
+            ));
+        }
+        if let Some(sh) = &self.shares {
+            for share in &sh.live {
+                let want = bands
+                    .iter()
+                    .find(|(p, _)| *p == share.priority)
+                    .map_or(RunSums::default(), |b| b.1);
+                if share.run != want {
+                    return Err(format!(
+                        "band {}: running sums {:?} != {want:?}",
+                        share.priority, share.run
+                    ));
+                }
+            }
         }
         Ok(())
     }

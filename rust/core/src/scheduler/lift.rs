@@ -10,7 +10,7 @@
 use super::{Policy, Scheduler};
 use crate::band::Share;
 use crate::client::{Client, ClientId};
-use crate::cost::Pending;
+use crate::cost::{Pending, RunSums};
 use crate::error::{CoreError, Result};
 use crate::limits::MAX_COUNTER;
 
@@ -192,6 +192,7 @@ impl Scheduler {
                         inv_w,
                         live: 0,
                         pending: Pending::default(),
+                        run: RunSums::default(),
                     },
                 );
             }

@@ -20,6 +20,7 @@
 //! * `select`: heap keys, bands and entities, which request goes next;
 //! * `lift`: the lift, raised counters, the forget floor;
 //! * `charge`: charging clients and bands, the refund at `settle`;
+//! * `running`: the running set's sums per client and band, `decode_all`;
 //! * `engine`: the engine-mode calls (`pop`, `decode`, `preempt`, `finish`, ...);
 //! * `batch`: the built-in batch loop (`schedule`, `decode_step`);
 //! * `invariants`: `check_invariants`.
@@ -39,6 +40,7 @@ mod invariants;
 mod lift;
 mod options;
 mod request;
+mod running;
 mod select;
 mod slab;
 
@@ -47,7 +49,7 @@ pub use request::{RequestState, Tokens};
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};
-use crate::cost::{Cost, Pending};
+use crate::cost::{Cost, Pending, RunSums};
 use crate::error::{CoreError, Result};
 use crate::heap::NOT_IN_HEAP;
 use crate::limits::{price_ok, weight_ok, MAX_BUDGET};
@@ -107,6 +109,15 @@ pub struct Scheduler {
     means: Vec<Option<f64>>,
     /// Weighted bands (see `band`); `None`: strict bands.
     shares: Option<Box<Shares>>,
+    /// Tokens `decode_all` gave every running request, in all (wrapping:
+    /// only differences are read, see `Request::generated`).
+    uniform: u64,
+    /// Clients with running requests, in no order (see `running`).
+    running_clients: Vec<u32>,
+    /// Running requests still inside their prediction (generated < predicted).
+    n_predicting: usize,
+    /// At least the largest generated count of a running request.
+    gen_hi: u64,
 }
 
 impl Scheduler {
@@ -153,6 +164,10 @@ impl Scheduler {
             extra: Vec::new(),
             means: Vec::new(),
             shares: None,
+            uniform: 0,
+            running_clients: Vec::new(),
+            n_predicting: 0,
+            gen_hi: 0,
         })
     }
 
@@ -332,7 +347,7 @@ impl Scheduler {
     /// Tokens generated so far by a live request.
     pub fn generated(&self, rid: u64) -> Result<u64> {
         let s = self.slot_of(rid)?;
-        Ok(self.requests[s as usize].generated)
+        Ok(self.requests[s as usize].generated(self.uniform))
     }
 
     /// The client that most recently left the backlog (the lift's reference
@@ -410,19 +425,28 @@ impl Scheduler {
         sorted.sort_by_key(|&(p, _)| p);
         let shares = self.shares.get_or_insert_with(|| {
             let mut sh = Shares::default();
+            let uniform = self.uniform;
             for r in self.requests.iter().filter(|r| r.state != Slot::Free) {
-                match sh.slot(r.priority) {
-                    Ok(i) => sh.live[i].live += 1,
-                    Err(i) => sh.live.insert(
-                        i,
-                        Share {
-                            priority: r.priority,
-                            counter: 0.0,
-                            inv_w: 1.0,
-                            live: 1,
-                            pending: Pending::default(),
-                        },
-                    ),
+                let i = match sh.slot(r.priority) {
+                    Ok(i) => i,
+                    Err(i) => {
+                        sh.live.insert(
+                            i,
+                            Share {
+                                priority: r.priority,
+                                counter: 0.0,
+                                inv_w: 1.0,
+                                live: 0,
+                                pending: Pending::default(),
+                                run: RunSums::default(),
+                            },
+                        );
+                        i
+                    }
+                };
+                sh.live[i].live += 1;
+                if r.state == Slot::Running {
+                    sh.live[i].run.enter(r.prompt, r.generated(uniform));
                 }
             }
             Box::new(sh)

@@ -48,7 +48,10 @@ pub(super) struct Request {
     pub(super) prompt: u64,
     /// Prompt tokens served from a prefix cache: in the KV budget, not charged.
     pub(super) cached: u64,
-    pub(super) generated: u64,
+    /// Tokens generated; while running, less `Scheduler::uniform`
+    /// (wrapping), so that `decode_all` moves every running request on at
+    /// once. Read it with [`generated`](Self::generated).
+    pub(super) gen: u64,
     /// Global submit order; the tie-break between equal counters.
     pub(super) seq: u64,
     /// Priority band (smaller is more urgent; see `band`).
@@ -68,10 +71,43 @@ pub(super) struct Request {
 }
 
 impl Request {
+    /// Tokens generated so far, given the scheduler's `uniform` count.
+    #[inline(always)]
+    pub(super) fn generated(&self, uniform: u64) -> u64 {
+        if self.state == Slot::Running {
+            self.running_generated(uniform)
+        } else {
+            self.gen
+        }
+    }
+
+    /// [`generated`](Self::generated) of a request known to be running.
+    /// Wrapping: the true count stays below MAX_REQUEST_TOKENS.
+    #[inline(always)]
+    pub(super) fn running_generated(&self, uniform: u64) -> u64 {
+        debug_assert_eq!(self.state, Slot::Running);
+        self.gen.wrapping_add(uniform)
+    }
+
+    /// The request starts running: `gen` becomes relative to `uniform`.
+    #[inline(always)]
+    pub(super) fn start_running(&mut self, uniform: u64) {
+        self.state = Slot::Running;
+        self.gen = self.gen.wrapping_sub(uniform);
+    }
+
+    /// The request stops running and goes to `next`: `gen` becomes the
+    /// plain count again.
+    #[inline(always)]
+    pub(super) fn stop_running(&mut self, uniform: u64, next: Slot) {
+        self.gen = self.running_generated(uniform);
+        self.state = next;
+    }
+
     /// KV tokens this request holds while running.
     #[inline(always)]
-    pub(super) fn footprint(&self) -> u64 {
-        self.prompt + self.generated
+    pub(super) fn footprint(&self, uniform: u64) -> u64 {
+        self.prompt + self.generated(uniform)
     }
 }
 

@@ -171,7 +171,7 @@ impl Scheduler {
             client: k,
             prompt,
             cached: cached_len as u64,
-            generated: 0,
+            gen: 0,
             seq,
             priority,
             admit_seq: 0,
