@@ -59,7 +59,44 @@ pub struct Pending {
     pub ctx: u128,
 }
 
+impl Default for Cost {
+    fn default() -> Self {
+        Cost::LINEAR
+    }
+}
+
 impl Cost {
+    /// The default prices: a prompt token 1, a generated token 2.
+    pub const DEFAULT_WP: f64 = 1.0;
+    pub const DEFAULT_WQ: f64 = 2.0;
+    /// Default `beta` of the context cost: a token decoded over 1024 tokens
+    /// of context costs `wq + 2`, twice a bare token at the default `wq = 2`.
+    pub const DEFAULT_BETA: f64 = 1.0 / 512.0;
+
+    /// The default cost: linear with the default prices.
+    pub const LINEAR: Cost = Cost::Linear {
+        wp: Cost::DEFAULT_WP,
+        wq: Cost::DEFAULT_WQ,
+    };
+
+    /// The context cost with its default coefficients.
+    pub const CONTEXT: Cost = Cost::Context {
+        wp: Cost::DEFAULT_WP,
+        wq: Cost::DEFAULT_WQ,
+        beta: Cost::DEFAULT_BETA,
+    };
+
+    /// A cost by name, with its default coefficients: "linear",
+    /// "quadratic" (the paper's profile) or "context".
+    pub fn named(name: &str) -> Result<Cost> {
+        match name {
+            "linear" => Ok(Cost::LINEAR),
+            "quadratic" => Ok(Cost::PAPER_QUADRATIC),
+            "context" => Ok(Cost::CONTEXT),
+            other => Err(CoreError::UnknownCost(other.to_string())),
+        }
+    }
+
     /// The paper's profiled quadratic cost (Sheng et al., OSDI '24, §5).
     pub const PAPER_QUADRATIC: Cost = Cost::Quadratic {
         a_p: 2.1,

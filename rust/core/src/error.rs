@@ -64,6 +64,10 @@ pub enum CoreError {
     PromptTooLong { prompt_len: u64, budget: u64 },
     /// The policy name is not one of `vtc`, `lcf`, `fcfs`.
     UnknownPolicy(String),
+    /// A cost name other than "linear", "quadratic", "context".
+    UnknownCost(String),
+    /// A per-client cap given as a fraction of `M` must be in `(0, 1]`.
+    InvalidCapFraction(f64),
     /// A request id that is already waiting or running.
     DuplicateRequest(u64),
     /// A request id that is neither waiting nor running.
@@ -143,6 +147,13 @@ impl fmt::Display for CoreError {
             ),
             UnknownPolicy(p) => {
                 write!(f, "unknown policy {p:?}; expected one of \"vtc\", \"lcf\", \"fcfs\"")
+            }
+            UnknownCost(c) => write!(
+                f,
+                "unknown cost {c:?}; expected 'linear', 'quadratic', 'context' or a cost object"
+            ),
+            InvalidCapFraction(x) => {
+                write!(f, "client_cap as a fraction of M must be in (0, 1], got {x:?}")
             }
             DuplicateRequest(r) => write!(f, "request {r} is already live"),
             UnknownRequest(r) => write!(f, "unknown request {r}"),

@@ -19,6 +19,7 @@
 
 mod band;
 mod client;
+mod config;
 mod cost;
 mod error;
 mod heap;
@@ -27,6 +28,7 @@ mod scheduler;
 mod snapshot;
 
 pub use client::{Client, ClientId};
+pub use config::{ClientCap, Config};
 pub use cost::{Cost, Pending, RunSums};
 pub use error::{CoreError, Op, Result, Where};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};

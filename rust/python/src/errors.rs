@@ -130,6 +130,8 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | InvalidCounter(_)
         | PromptTooLong { .. }
         | UnknownPolicy(_)
+        | UnknownCost(_)
+        | InvalidCapFraction(_)
         | LengthMismatch { .. }
         | NegativeTokens(_)
         | TooManyTokens(_)

@@ -20,7 +20,9 @@ use pyo3::types::{
     IntoPyDict, PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping,
     PyMemoryView, PyString, PyTuple,
 };
-use vtc_core::{ClientId, CoreError, Cost, Policy, Predictor, RequestState, Tokens};
+use vtc_core::{
+    ClientCap, ClientId, Config, CoreError, Cost, Policy, Predictor, RequestState, Tokens,
+};
 
 use errors::{invalid, Error, Result};
 
@@ -603,8 +605,8 @@ impl PyLinearCost {
     #[pyo3(signature = (wp = None, wq = None))]
     fn new(wp: Option<&Bound<'_, PyAny>>, wq: Option<&Bound<'_, PyAny>>) -> Result<Self> {
         let c = PyLinearCost {
-            wp: coef("wp", wp, 1.0)?,
-            wq: coef("wq", wq, 2.0)?,
+            wp: coef("wp", wp, Cost::DEFAULT_WP)?,
+            wq: coef("wq", wq, Cost::DEFAULT_WQ)?,
         };
         c.cost().validate()?;
         Ok(c)
@@ -653,12 +655,22 @@ impl PyQuadraticCost {
         a_qq: Option<&Bound<'_, PyAny>>,
         c: Option<&Bound<'_, PyAny>>,
     ) -> Result<Self> {
+        let Cost::Quadratic {
+            a_p: d_p,
+            a_q: d_q,
+            a_pq: d_pq,
+            a_qq: d_qq,
+            c: d_c,
+        } = Cost::PAPER_QUADRATIC
+        else {
+            unreachable!("the paper's cost is quadratic")
+        };
         let q = PyQuadraticCost {
-            a_p: coef("a_p", a_p, 2.1)?,
-            a_q: coef("a_q", a_q, 1.0)?,
-            a_pq: coef("a_pq", a_pq, 0.04)?,
-            a_qq: coef("a_qq", a_qq, 0.032)?,
-            c: coef("c", c, 11.46)?,
+            a_p: coef("a_p", a_p, d_p)?,
+            a_q: coef("a_q", a_q, d_q)?,
+            a_pq: coef("a_pq", a_pq, d_pq)?,
+            a_qq: coef("a_qq", a_qq, d_qq)?,
+            c: coef("c", c, d_c)?,
         };
         q.cost().validate()?;
         Ok(q)
@@ -709,9 +721,9 @@ impl PyContextCost {
         beta: Option<&Bound<'_, PyAny>>,
     ) -> Result<Self> {
         let c = PyContextCost {
-            wp: coef("wp", wp, 1.0)?,
-            wq: coef("wq", wq, 2.0)?,
-            beta: coef("beta", beta, DEFAULT_BETA)?,
+            wp: coef("wp", wp, Cost::DEFAULT_WP)?,
+            wq: coef("wq", wq, Cost::DEFAULT_WQ)?,
+            beta: coef("beta", beta, Cost::DEFAULT_BETA)?,
         };
         c.cost().validate()?;
         Ok(c)
@@ -737,10 +749,6 @@ impl PyContextCost {
     }
 }
 
-/// Default `beta` of `ContextCost`: a token decoded over 1024 tokens of context
-/// costs `wq + 2`, twice a bare token at the default `wq = 2`.
-const DEFAULT_BETA: f64 = 1.0 / 512.0;
-
 fn hash_f64s(v: &[f64]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -764,18 +772,7 @@ fn cost_arg(obj: &Bound<'_, PyAny>) -> Result<Cost> {
         return Ok(c.get().cost());
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return match s.to_str()? {
-            "linear" => Ok(Cost::Linear { wp: 1.0, wq: 2.0 }),
-            "quadratic" => Ok(Cost::PAPER_QUADRATIC),
-            "context" => Ok(Cost::Context {
-                wp: 1.0,
-                wq: 2.0,
-                beta: DEFAULT_BETA,
-            }),
-            other => Err(invalid(format!(
-                "unknown cost {other:?}; expected 'linear', 'quadratic', 'context' or a cost object"
-            ))),
-        };
+        return Ok(Cost::named(s.to_str()?)?);
     }
     Err(type_error(
         "cost",
@@ -829,30 +826,22 @@ fn cost_repr(cost: Cost) -> String {
     }
 }
 
-/// A `client_cap=` argument: an int number of tokens, or a float fraction of M in
-/// (0, 1] (`floor(fraction * M)` tokens, at least 1).
-fn client_cap_arg(obj: &Bound<'_, PyAny>, m: i64) -> Result<u64> {
+/// A `client_cap=` argument: an int number of tokens, or a float fraction of M
+/// (the core's rule, `ClientCap`, checks the values).
+fn client_cap_arg(obj: &Bound<'_, PyAny>) -> Result<ClientCap> {
     if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
         // any positive int: the core clamps a cap above M to M
         return match obj.extract::<i128>() {
-            Ok(v) if v >= 1 => Ok(u64::try_from(v).unwrap_or(u64::MAX)),
-            Ok(v) => Err(invalid(format!(
-                "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {v}"
-            ))),
-            Err(_) if obj.gt(0)? => Ok(u64::MAX),
-            Err(_) => Err(invalid(format!(
+            Ok(v) if v >= 1 => Ok(ClientCap::Tokens(u64::try_from(v).unwrap_or(u64::MAX))),
+            Ok(v) if v >= i128::from(i64::MIN) => Err(CoreError::InvalidClientCap(v as i64).into()),
+            Err(_) if obj.gt(0)? => Ok(ClientCap::Tokens(u64::MAX)),
+            _ => Err(invalid(format!(
                 "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {}",
                 repr(obj)
             ))),
         };
     }
-    let f = float_arg("client_cap", obj)?;
-    if !(f > 0.0 && f <= 1.0) {
-        return Err(invalid(format!(
-            "client_cap as a fraction of M must be in (0, 1], got {f:?}"
-        )));
-    }
-    Ok(((f * m as f64).floor() as u64).max(1))
+    Ok(ClientCap::Fraction(float_arg("client_cap", obj)?))
 }
 
 /// The Virtual Token Counter scheduler. See `vtc/_core.pyi` for the API.
@@ -960,11 +949,9 @@ impl PyScheduler {
             ));
         }
         let cost = cost.map(cost_arg).transpose()?;
-        let cap = client_cap
-            .map(|c| client_cap_arg(c, m.max(1)))
-            .transpose()?;
-        let wp = wp.map(|w| float_arg("wp", w)).transpose()?.unwrap_or(1.0);
-        let wq = wq.map(|w| float_arg("wq", w)).transpose()?.unwrap_or(2.0);
+        let cap = client_cap.map(client_cap_arg).transpose()?;
+        let wp = wp.map(|w| float_arg("wp", w)).transpose()?;
+        let wq = wq.map(|w| float_arg("wq", w)).transpose()?;
         let policy: Policy = match policy {
             None => Policy::Vtc,
             Some(p) => p
@@ -973,14 +960,18 @@ impl PyScheduler {
                 .to_str()?
                 .parse()?,
         };
-        let band_weights = band_weights_arg(band_weights)?;
-        let mut core = vtc_core::Scheduler::new(m, wp, wq, policy)?;
-        if let Some(cost) = cost {
-            core.set_cost(cost)?;
-        }
-        core.set_client_cap(cap)?;
-        core.set_predictor(predictor);
-        core.set_band_weights(band_weights.as_deref())?;
+        let cost = cost.unwrap_or(Cost::Linear {
+            wp: wp.unwrap_or(Cost::DEFAULT_WP),
+            wq: wq.unwrap_or(Cost::DEFAULT_WQ),
+        });
+        let core = vtc_core::Scheduler::with_config(&Config {
+            budget: m,
+            cost,
+            policy,
+            client_cap: cap,
+            predictor,
+            band_weights: band_weights_arg(band_weights)?,
+        })?;
         Ok(PyScheduler::new_inner(Inner {
             core,
             ints: HashMap::new(),
@@ -1711,10 +1702,9 @@ impl PyScheduler {
             restored.scheduler.set_cost(cost)?;
         }
         if let Some(cap) = client_cap {
-            let m = restored.scheduler.budget() as i64;
-            restored
-                .scheduler
-                .set_client_cap(Some(client_cap_arg(cap, m)?))?;
+            let budget = restored.scheduler.budget();
+            let tokens = client_cap_arg(cap)?.tokens(budget)?;
+            restored.scheduler.set_client_cap(Some(tokens))?;
         }
         if let Some(p) = predictor {
             restored.scheduler.set_predictor(p);

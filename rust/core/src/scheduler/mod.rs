@@ -1,6 +1,6 @@
 //! The Virtual Token Counter scheduler.
 //!
-//! Data path (see `shared/design.md`):
+//! Data path (the whole of it, engine mode included: docs/architecture.md):
 //!
 //! ```text
 //! submit   -> lift -> client FIFO; client joins the heap if it was idle
@@ -10,11 +10,10 @@
 //! finish   -> release prompt + generated tokens from occupancy
 //! ```
 //!
-//! This module holds the [`Scheduler`] struct, its constructor, its
-//! configuration and its read-only views; its other methods live in child
-//! modules, by concern:
+//! This module holds the [`Scheduler`] struct, its constructors (from a
+//! [`Config`], validated in `crate::config`), its configuration setters and
+//! its read-only views; its other methods live in child modules, by concern:
 //!
-//! * `options`: [`Policy`] and [`Predictor`], what a caller chooses;
 //! * `request`: the request record and its states, [`Tokens`], the id hasher;
 //! * `slab`: request slots and the id maps, `submit`;
 //! * `select`: heap keys, bands and entities, which request goes next;
@@ -25,7 +24,7 @@
 //! * `batch`: the built-in batch loop (`schedule`, `decode_step`);
 //! * `invariants`: `check_invariants`.
 //!
-//! Imports go one way: `options` and `request` import nothing from the
+//! Imports go one way: `crate::config` and `request` import nothing from the
 //! scheduler, this module imports them, and the other child modules import
 //! this one (each holds only `impl Scheduler` blocks).
 //!
@@ -38,21 +37,22 @@ mod charge;
 mod engine;
 mod invariants;
 mod lift;
-mod options;
 mod request;
 mod running;
 mod select;
 mod slab;
 
-pub use options::{Policy, Predictor};
+pub use crate::config::{Policy, Predictor};
 pub use request::{RequestState, Tokens};
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};
+use crate::config::{ClientCap, Config};
 use crate::cost::{Cost, Pending, RunSums};
 use crate::error::{CoreError, Result};
 use crate::heap::NOT_IN_HEAP;
-use crate::limits::{price_ok, weight_ok, MAX_BUDGET};
+use crate::config::check_band_weights;
+use crate::limits::weight_ok;
 use request::{IdMap, Request, Slot};
 
 #[derive(Debug, Clone)]
@@ -124,17 +124,51 @@ impl Scheduler {
     /// A scheduler with KV budget `budget` tokens, prompt weight `wp`, decode
     /// weight `wq` and the given policy.
     pub fn new(budget: i64, wp: f64, wq: f64, policy: Policy) -> Result<Self> {
-        if budget <= 0 || budget as u64 > MAX_BUDGET {
-            return Err(CoreError::InvalidBudget(budget));
-        }
-        for (name, value) in [("wp", wp), ("wq", wq)] {
-            if !price_ok(value) {
-                return Err(CoreError::InvalidTokenWeight { name, value });
-            }
-        }
-        Ok(Scheduler {
-            budget: budget as u64,
+        Scheduler::with_config(&Config {
             cost: Cost::Linear { wp, wq },
+            policy,
+            ..Config::new(budget)
+        })
+    }
+
+    /// A scheduler charging with `cost` (see [`Cost`]) instead of `wp`/`wq`.
+    pub fn with_cost(budget: i64, cost: Cost, policy: Policy) -> Result<Self> {
+        Scheduler::with_config(&Config {
+            cost,
+            policy,
+            ..Config::new(budget)
+        })
+    }
+
+    /// A scheduler built from `config`, which is validated first (see
+    /// [`Config::validate`]): a bad value fails the call, nothing is built.
+    pub fn with_config(config: &Config) -> Result<Self> {
+        config.validate()?;
+        let budget = config.budget_tokens()?;
+        let mut s = Scheduler::empty(budget, config.cost, config.policy);
+        s.client_cap = config.client_cap.map(|c| c.tokens(budget)).transpose()?;
+        s.predictor = config.predictor;
+        s.set_band_weights(config.band_weights.as_deref())?;
+        Ok(s)
+    }
+
+    /// The configuration this scheduler runs with (the client cap in tokens).
+    pub fn config(&self) -> Config {
+        Config {
+            budget: self.budget as i64,
+            cost: self.cost,
+            policy: self.policy,
+            client_cap: self.client_cap.map(ClientCap::Tokens),
+            predictor: self.predictor,
+            band_weights: self.shares.as_ref().map(|s| s.weights.clone()),
+        }
+    }
+
+    /// A scheduler with a validated budget and cost, and nothing else set.
+    fn empty(budget: u64, cost: Cost, policy: Policy) -> Self {
+        Scheduler {
+            budget,
+            cost,
             client_cap: None,
             predictor: Predictor::None,
             policy,
@@ -168,14 +202,7 @@ impl Scheduler {
             running_clients: Vec::new(),
             n_predicting: 0,
             gen_hi: 0,
-        })
-    }
-
-    /// A scheduler charging with `cost` (see [`Cost`]) instead of `wp`/`wq`.
-    pub fn with_cost(budget: i64, cost: Cost, policy: Policy) -> Result<Self> {
-        let mut s = Scheduler::new(budget, 1.0, 2.0, policy)?;
-        s.set_cost(cost)?;
-        Ok(s)
+        }
     }
 
     /// Charge every later admission and decode with `cost`. Meant for
@@ -412,9 +439,7 @@ impl Scheduler {
             self.shares = None;
             return Ok(());
         };
-        if let Some(&(_, w)) = weights.iter().find(|&&(_, w)| !weight_ok(w)) {
-            return Err(CoreError::InvalidWeight(w));
-        }
+        check_band_weights(weights)?;
         let mut sorted: Vec<(i64, f64)> = Vec::with_capacity(weights.len());
         for &(p, w) in weights {
             match sorted.iter_mut().find(|(q, _)| *q == p) {
