@@ -62,6 +62,7 @@ keeps the store, the sync and the bound they guarantee
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -197,9 +198,12 @@ def stored_number(raw: Any) -> float | None:
 
 
 # The whole sync, atomically, in one round trip.  ARGV: prefix, replica, known epoch,
-# incarnation, full, liveness_ms, keep_ms, seq, base, then counted lists
-# (n, tenant, amount, ...) services, (n, tenant, value, ...) hints, (n, ...) adds, keeps,
-# removes, pulls.
+# incarnation, full, liveness_ms, keep_ms, seq, base, MAX_COUNTER, then six lists, each
+# one JSON array of strings: services (tenant, amount, ...), hints (tenant, value, ...),
+# adds, keeps, removes, pulls.  The reply: 'ok', the epoch, the floor, and the pulled
+# counters as one string, comma-separated ('' for none).  One argument per list and one
+# string back, not one per tenant: the client library's per-element work (packing,
+# parsing) was most of a sync's CPU time in Python (bench/README.md, "Sync cost").
 #
 # A stored value is used only if it is a number in [0, MAX_COUNTER]: a counter that is not
 # (corrupt, or written by someone else) is replaced by the global floor (where a returning
@@ -307,9 +311,7 @@ end
 
 local i = 11
 local function list()
-  local out = {}
-  local n = tonumber(ARGV[i]); i = i + 1
-  for _ = 1, n do out[#out + 1] = ARGV[i]; i = i + 1 end
+  local out = cjson.decode(ARGV[i]); i = i + 1
   return out
 end
 local svc = list()
@@ -371,13 +373,30 @@ end
 
 -- pull
 local fl = floor_value()
-local out = {'ok', epoch, fl and fmt(fl) or ''}
+local vals = {}
 for _, c in ipairs(pulls) do
   local g = read(c)
-  out[#out + 1] = g and fmt(g) or ''
+  vals[#vals + 1] = g and fmt(g) or ''
 end
-return out
+return {'ok', epoch, fl and fmt(fl) or '', table.concat(vals, ',')}
 """
+
+
+def _json_list(items: Sequence[str]) -> bytes:
+    """``items`` as one script argument: a JSON array of strings, UTF-8 (``cjson`` in Lua)."""
+    return json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _stored_numbers(raws: Sequence[bytes]) -> list[float | None]:
+    """:func:`stored_number` of each of ``raws``: one C-level pass when all are counters."""
+    try:
+        xs = list(map(float, raws))
+    except ValueError:
+        return [stored_number(x) for x in raws]
+    total = sum(xs)
+    if xs and not (total == total and 0.0 <= min(xs) and max(xs) <= MAX_COUNTER):
+        return [stored_number(x) for x in raws]  # a nan (total is nan), inf or out of range
+    return xs
 
 
 def _resp_size(items: Sequence[Any]) -> int:
@@ -469,19 +488,22 @@ class RedisStore:
             repr(MAX_COUNTER),
         ]
         for pairs in (req.services, req.hints):
-            args.append(len(pairs) * 2)
+            flat: list[str] = []
             for c, v in pairs.items():
-                args += [c, repr(float(v))]
+                flat += (c, repr(float(v)))
+            args.append(_json_list(flat))
         for items in (req.add, req.keep, req.remove, req.pull):
-            args.append(len(items))
-            args += items
+            args.append(_json_list(items))
         self.bytes_out += _resp_size(["EVALSHA", self._script.sha, 0, *args])
         out = self._script(keys=[], args=args)
         self.bytes_in += _resp_size(out)
         status, epoch = out[0].decode(), out[1]  # the epoch stays bytes: whatever it holds
         if status != "ok":
             return SyncReply(status, epoch)
-        return SyncReply(status, epoch, stored_number(out[2]), [stored_number(x) for x in out[3:]])
+        if len(out) != 4:
+            raise RuntimeError(f"store answered {len(out)} items, not 4")
+        counters = _stored_numbers(out[3].split(b",")) if req.pull else []
+        return SyncReply(status, epoch, stored_number(out[2]), counters)
 
     def counters(self) -> dict[Client, float]:
         """Every tenant's global counter (a stored value that is no counter is left out)."""
@@ -845,9 +867,15 @@ class SharedCounters:
         return out
 
     # -- syncing ------------------------------------------------------------------------------
-    def on_step(self, scheduler: SchedulerLike, waiting: Iterable[Client] | None = None) -> bool:
+    def on_step(
+        self,
+        scheduler: SchedulerLike,
+        waiting: Iterable[Client] | Callable[[], Iterable[Client]] | None = None,
+    ) -> bool:
         """Call once per engine step; syncs when ``sync_interval`` steps (or ``sync_ms``) passed.
 
+        ``waiting`` as for :meth:`sync`, or a function returning it, called only
+        when a sync is due (the steps in between then cost no per-tenant work).
         Returns whether a sync succeeded in this call.  Never raises a store error.
         """
         self._steps += 1
@@ -858,6 +886,8 @@ class SharedCounters:
             return False
         self._steps = 0
         self._last_sync = self.clock()
+        if callable(waiting):
+            waiting = waiting()
         return self.sync(scheduler, waiting)
 
     def sync(self, scheduler: SchedulerLike, waiting: Iterable[Client] | None = None) -> bool:
@@ -873,7 +903,8 @@ class SharedCounters:
             self.attach(scheduler)
             now = self.clock()
             wait = set(waiting) if waiting is not None else self.waiting(scheduler)
-            wait_keys = {encode(c) for c in wait}
+            clients = {encode(c): c for c in wait}  # key -> client, for the pulled ones
+            wait_keys = set(clients)
             self._continuous &= wait_keys
             if self._retry_at is not None and now < self._retry_at:
                 return False
@@ -909,11 +940,14 @@ class SharedCounters:
             self.floor = reply.floor
             self.stats.syncs += 1
             raise_to: dict[Client, float] = {}
+            now_svc = scheduler.services()  # one call, not one per pulled tenant
             for key, g in zip(pull, reply.counters):
                 if g is None:
                     continue
-                c = decode(key)
-                value = g + (scheduler.service(c) - snap.get(c, 0.0))
+                c = clients.get(key)
+                if c is None:
+                    c = decode(key)
+                value = g + (now_svc.get(c, 0.0) - snap.get(c, 0.0))
                 if not value <= MAX_COUNTER:
                     self.stats.skipped += 1
                     continue

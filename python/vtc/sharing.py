@@ -72,7 +72,7 @@ class SharedCounterSync(Observer):
 
     def stepped(self, adapter: Adapter) -> None:
         if not self.background:
-            self.shared.on_step(self.core, self.waiting())
+            self.shared.on_step(self.core, self.waiting)  # read only when a sync is due
 
     def close(self) -> None:
         """Stop syncing; a last sync pushes what is left and takes this replica's

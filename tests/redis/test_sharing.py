@@ -87,6 +87,30 @@ def test_engines_share_counters_by_configuration_and_the_pinned_tenant_gets_its_
     assert share["global"] > 0.4
 
 
+def test_step_mode_reads_the_waiting_tenants_only_on_a_syncing_step(redis_server):
+    """``VTC_SYNC_MODE=step``: the steps between syncs cost no per-tenant work (issue 15,
+    item 5); the syncing steps see the waiting tenants of that moment."""
+    ad = adapter(
+        redis_server.url, "r0", VTC_SYNC_MODE="step", VTC_SYNC_INTERVAL="4", VTC_SYNC_MS="3600000"
+    )  # every 4th step, never on time
+    sync = ad.sharing
+    reads = []
+    original = sync.waiting
+
+    def counted():
+        out = original()
+        reads.append(sorted(out))
+        return out
+
+    sync.waiting = counted
+    eng = Engine(ad, ["A", "B"], depth=30)
+    for _ in range(12):
+        eng.step()
+    assert reads == [["A", "B"]] * 3 and sync.shared.stats.syncs == 3
+    assert set(sync.shared.store.backlog()) == {"A", "B"}
+    ad.close()
+
+
 def test_background_sync_keeps_the_store_equal_to_what_the_cores_charged(redis_server):
     r0, r1 = adapter(redis_server.url, "r0"), adapter(redis_server.url, "r1")
     assert r0.sharing.background and "shared counters on Redis" in r0.describe()
