@@ -1,16 +1,30 @@
-"""Cost of sharing counters through Redis: one sync (round trips, bytes) and an engine step.
+"""Cost of sharing counters through Redis: one sync, and what it adds to an engine step.
 
 Needs ``redis-server`` on PATH (started here on 127.0.0.1 at a free port, stopped after).
-Groups: ``sync`` (one SharedCounters.sync, diff mode, T tenants waiting of which a
-tenth were charged since the last sync) and ``engine-step+sync`` (a step of the
-bench engine with and without ``on_step`` at sync_interval 1 and 10).
+
+Groups:
+
+* ``sync``: one ``SharedCounters.sync`` (diff mode) with T = 10 ... 10,000 tenants
+  waiting, a tenth of them charged since the last sync;
+* ``engine-step C=<T>``: a step of the bench engine (``workload.Engine``, M = 200k)
+  with T tenants, driven the way the engines drive it (``vtc.sharing.SharedCounterSync``,
+  the waiting tenants from ``Scheduler.active_clients``): without sharing; on the engine
+  thread (``VTC_SYNC_MODE=step``) at ``sync_interval`` 1 and 10; and with the background
+  thread the engines use by default (``VTC_SYNC_MODE=background``, a sync every 50 ms),
+  where the step's own time is what the thread costs it (the GIL).
+
+``VTC_BENCH_DISTRIBUTED=<file>`` benches another ``distributed.py`` (e.g. an older one,
+``git show <commit>:python/vtc/distributed.py > /tmp/old.py``) against the current core.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -19,7 +33,18 @@ import pytest
 import redis
 import vtc
 from vtc import distributed as D
+from vtc.sharing import SharedCounterSync
 from workload import Engine
+
+if os.environ.get("VTC_BENCH_DISTRIBUTED"):
+    _spec = importlib.util.spec_from_file_location(
+        "vtc_bench_distributed", os.environ["VTC_BENCH_DISTRIBUTED"]
+    )
+    D = importlib.util.module_from_spec(_spec)  # noqa: N816
+    sys.modules[_spec.name] = D  # its dataclasses look their module up
+    _spec.loader.exec_module(D)
+
+BACKGROUND_MS = 50.0  # the engines' default VTC_SYNC_MS
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +71,10 @@ def url():
             proc.wait(timeout=10)
 
 
-@pytest.mark.parametrize("tenants", [10, 100, 1000])
+@pytest.mark.parametrize("tenants", [10, 100, 1000, 10_000])
 def test_sync(benchmark, url, tenants):
     s = vtc.Scheduler(1 << 20)
-    st = D.RedisStore.from_url(url, f"bench-{tenants}", timeout_ms=2000)
+    st = D.RedisStore.from_url(url, f"bench-{tenants}", timeout_ms=5000)
     shared = D.SharedCounters(st, replica_id="bench")
     for c in range(tenants):
         s.submit(c, c, 10)
@@ -62,37 +87,73 @@ def test_sync(benchmark, url, tenants):
         s.decode(charged, 1)
         shared.sync(s, waiting)
 
+    rounds = 300 if tenants <= 1000 else 40
     b0, i0, r0 = st.bytes_out, st.bytes_in, shared.stats.round_trips
     benchmark.group = "sync"
-    benchmark.pedantic(step, rounds=300, iterations=1, warmup_rounds=5)
+    benchmark.pedantic(step, rounds=rounds, iterations=1, warmup_rounds=5)
     n = shared.stats.round_trips - r0
     benchmark.extra_info.update(
-        round_trips_per_sync=n / 305,
+        round_trips_per_sync=n / (rounds + 5),
         bytes_out_per_sync=(st.bytes_out - b0) / n,
         bytes_in_per_sync=(st.bytes_in - i0) / n,
     )
 
 
-@pytest.mark.parametrize("interval", [None, 1, 10])
-def test_engine_step_with_sync(benchmark, url, interval):
-    eng = Engine(vtc.Scheduler(200_000, 1.0, 2.0), 1000, 20_000, seed=1)
-    shared = None
-    if interval is not None:
-        st = D.RedisStore.from_url(url, f"step-{interval}", timeout_ms=2000)
+# (tenants, mode): rounds (engine steps timed). Background: ~1-2 s of steps, so the
+# thread syncs 20-40 times while they run; on the engine thread: 20-100 syncs.
+STEP_CASES = {
+    (1000, "none"): 50_000,
+    (1000, "step-1"): 200,
+    (1000, "step-10"): 1000,
+    (1000, "background"): 50_000,
+    (10_000, "none"): 50_000,
+    (10_000, "step-1"): 20,
+    (10_000, "step-10"): 200,
+    (10_000, "background"): 50_000,
+}
+
+
+@pytest.mark.parametrize("tenants,mode", list(STEP_CASES))
+def test_engine_step_with_sync(benchmark, url, tenants, mode):
+    waiting = 20_000 if tenants <= 1000 else 100_000
+    eng = Engine(vtc.Scheduler(200_000, 1.0, 2.0), tenants, waiting, seed=1)
+    sync = None
+    if mode != "none":
+        st = D.RedisStore.from_url(url, f"step-{tenants}-{mode}", timeout_ms=5000)
+        interval = int(mode.split("-")[1]) if mode.startswith("step") else 10
         shared = D.SharedCounters(st, replica_id="bench", sync_interval=interval)
-    waiting = list(range(1000))  # every tenant has requests waiting in this workload
+        # the engine path: vtc.adapter's observer, in the mode VTC_SYNC_MODE selects
+        sync = SharedCounterSync(
+            eng.s, shared, background=mode == "background", interval_ms=BACKGROUND_MS
+        )
+        if D is not vtc.distributed and mode != "background":
+            # an older on_step takes no callable: the waiting list on every step, as then
+            sync.stepped = lambda _ad: shared.on_step(eng.s, sync.waiting())
 
     def step():
         eng.step()
-        if shared is not None:
-            shared.on_step(eng.s, waiting)
+        if sync is not None:
+            sync.stepped(None)  # what Adapter.step_done does for this observer
 
     for _ in range(200):
         step()
-    benchmark.group = "engine-step+sync C=1k M=200k"
-    benchmark.extra_info["sync_interval"] = interval
-    benchmark.pedantic(step, rounds=1000, iterations=1, warmup_rounds=5)
-    if shared is not None:
-        benchmark.extra_info["bytes_per_step"] = (
-            shared.store.bytes_out + shared.store.bytes_in
-        ) / (shared.stats.round_trips * (interval or 1))
+    if sync is not None:
+        sync.shared.sync(eng.s, sync.waiting())  # warm: the first (full) sync is done
+        r0, p0 = sync.shared.stats.round_trips, sync.shared.stats.pulled_tenants
+        d0 = len(sync.shared.durations)
+    benchmark.group = f"engine-step C={tenants} M=200k"
+    benchmark.extra_info["mode"] = mode
+    try:
+        benchmark.pedantic(step, rounds=STEP_CASES[tenants, mode], iterations=1, warmup_rounds=5)
+    finally:
+        if sync is not None:
+            sync.shared.stop()
+    if sync is not None:
+        st = sync.shared.stats
+        n = st.round_trips - r0
+        durs = list(sync.shared.durations)[d0:]
+        benchmark.extra_info.update(
+            syncs=n,
+            pulled_per_sync=(st.pulled_tenants - p0) / max(n, 1),
+            round_trip_ms_median=1000 * sorted(durs)[len(durs) // 2] if durs else None,
+        )
