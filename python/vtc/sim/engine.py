@@ -14,6 +14,19 @@ Steps 2.-4. are :class:`Engine`'s (:meth:`~Engine.admit`, then
 :meth:`~Engine.run`) over a :class:`Ledger` of the requests: :func:`simulate`
 drives one engine, :mod:`vtc.sim.replicas` several in lockstep.
 
+Two options, both off by default (a run without them is what it always was):
+
+* a prefix cache (:class:`~vtc.sim.cache.PrefixCache`): admission goes
+  request by request through ``peek()`` and ``pop(cached_len=hit)``, the hit
+  being what the cache holds of the request's prompt at that moment; the
+  request's chains are pinned while it runs and its prompt blocks inserted
+  once admitted (its prefill happens in its admission step);
+* a prefill time (``prefill_time``): a step that computes ``n`` prompt tokens
+  (the uncached ones, plus what a preempted request recomputes) lasts
+  ``1 + prefill_time * n`` time units instead of 1, and requests arrive by
+  that clock.  Steps stay decode iterations; the clock is what throughput
+  per unit of time divides by.
+
 The scheduler makes every decision; the harness only knows each request's
 true output length (the scheduler never does) and records what happened.
 Output lengths are capped so that ``prompt + output <= M``, which keeps every
@@ -29,8 +42,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from vtc.sim.cache import Chain, PrefixCache, chains
 from vtc.sim.progress import Progress
 from vtc.sim.workloads import Client, Request
+
+_OWN = object()  # chain key of a request's own suffix: (_OWN, request id)
 
 
 class SchedulerLike(Protocol):
@@ -41,6 +57,8 @@ class SchedulerLike(Protocol):
         self, request_id: int, client: Client, prompt_len: int, **extra: int
     ) -> None: ...
     def schedule(self) -> list[int]: ...  # noqa: D102
+    def peek(self) -> int | None: ...  # noqa: D102  (with a prefix cache)
+    def pop(self, cached_len: int | None = None) -> int | None: ...  # noqa: D102  (likewise)
     def decode(self) -> list[int]: ...  # noqa: D102
     def finish(self, request_id: int) -> None: ...  # noqa: D102
     def service(self, client: Client) -> float: ...  # noqa: D102
@@ -131,6 +149,13 @@ class SimResult:
     token, i.e. minus the prefix-cache hit, at first admission, ``wq`` per
     generated token, divided by the weight); ``occupancy_sum`` the sum over
     steps of the KV tokens held after admission.
+
+    Prefill and the prefix cache: ``prefilled[i]`` prompt tokens request ``i``
+    computed over all its admissions (what a preempted request recomputes
+    included), ``reused[i]`` the tokens the prefix cache gave it over them;
+    ``clock[t]`` the time at the start of step ``t`` (``t`` itself without
+    ``prefill_time``); ``cache`` the run's :class:`~vtc.sim.cache.PrefixCache`
+    (its counters), if any.
     """
 
     requests: Sequence[Request]
@@ -154,6 +179,21 @@ class SimResult:
     delivered: dict[Client, array] = field(default_factory=dict)
     occupancy_sum: int = 0
     cached: list[int] = field(default_factory=list)
+    prefilled: list[int] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)
+    clock: array = field(default_factory=lambda: array("d"))
+    cache: PrefixCache | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Time the run took: ``clock[steps]``, or ``steps`` without a clock."""
+        return self.clock[-1] if self.clock else float(self.steps)
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of the prompt tokens admissions needed that the prefix cache gave."""
+        total = sum(self.prefilled) + sum(self.reused)
+        return sum(self.reused) / total if total else 0.0
 
     @property
     def utilization(self) -> float:
@@ -175,7 +215,9 @@ class Ledger:
     ``owner[i]`` indexes them.  An :class:`Engine` fills ``first_admit``,
     ``finish`` (-1 if it never happened), ``stint`` (the step of the current
     admission), ``generated`` (tokens generated before the current stint;
-    :meth:`settle` makes it the total) and ``recomputed``.
+    :meth:`settle` makes it the total) and ``recomputed``; ``prefilled`` and
+    ``reused`` (prompt tokens computed and taken from the prefix cache, over
+    every admission).
     """
 
     def __init__(
@@ -187,6 +229,7 @@ class Ledger:
     ) -> None:
         n = len(requests)
         self.requests = requests
+        self.M = M
         self.clients: list[Client] = sorted(
             set(extra_clients) | {r.client for r in requests},
             key=lambda c: (isinstance(c, str), c),
@@ -207,6 +250,8 @@ class Ledger:
         self.first_admit = [-1] * n
         self.finish = [-1] * n
         self.recomputed = [0] * n
+        self.prefilled = [0] * n
+        self.reused = [0] * n
 
     def settle(self, steps: int, engines: Iterable[Engine]) -> None:
         """End of a ``steps``-step run: ``generated`` becomes each request's total."""
@@ -230,7 +275,9 @@ class Engine:
     per computed prompt token at first admission, ``wq`` per generated
     token, times ``inv_w``).  ``work`` counts the weighted tokens processed,
     ``preemptions`` the preemptions, ``occupancy_sum`` the KV tokens held
-    after admission, summed over steps.
+    after admission, summed over steps.  ``step_prefill`` is the prompt
+    tokens computed by the last :meth:`admit`.  :meth:`use_cache` puts a
+    prefix cache in front of admission.
     """
 
     def __init__(
@@ -254,6 +301,9 @@ class Engine:
         self.work = 0.0
         self.preemptions = 0
         self.occupancy_sum = 0
+        self.step_prefill = 0
+        self.cache: PrefixCache | None = None
+        self._chains: dict[int, list[Chain]] = {}
         # the hot loops' references in one attribute (the steps are most of a run's time)
         self._refs = (
             ledger.owner,
@@ -273,6 +323,29 @@ class Engine:
             self.heap,
         )
 
+    def use_cache(self, cache: PrefixCache) -> None:
+        """Admit through ``cache`` from now on (see the module docstring)."""
+        self.cache = cache
+
+    def chains(self, rid: int) -> list[Chain]:
+        """Request ``rid``'s prompt as cache chains (its shared prefix, then its own)."""
+        ch = self._chains.get(rid)
+        if ch is None:
+            r = self.ledger.requests[rid]
+            ch = self._chains[rid] = chains(r.prefix, r.prompt_len, (_OWN, rid), self.cache.block)
+        return ch
+
+    def lookup(self, rid: int) -> int:
+        """The prefix-cache hit request ``rid`` would get if admitted now (tokens;
+        at least its last prompt token is always computed)."""
+        return min(self.cache.lookup(self.chains(rid)), self.ledger.prompt[rid] - 1)
+
+    def prefix_of(self, rid: int) -> tuple:
+        """The ids of request ``rid``'s shared prefix segments (``()`` if none):
+        requests with the same ids hit the same cached blocks, but for a
+        preempted request's own."""
+        return tuple(key for key, _ in self.ledger.requests[rid].prefix)
+
     def arrive(self, rid: int) -> None:
         """Request ``rid`` arrived here (the harness submits it, or holds it at a gate)."""
         self.waiting[self.ledger.owner[rid]] += 1
@@ -281,10 +354,19 @@ class Engine:
         """Step ``t``, 2.: ``schedule()`` admits under the KV budget."""
         (owner, prompt, hit, output, first_admit, stint, generated, _, _,
          waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
+        if self.cache is not None:
+            self._admit_cached(t)
+            return
         wp, sched = self.wp, self.sched
+        prefilled, reused = self.ledger.prefilled, self.ledger.reused
+        computed = 0
         for rid in sched.schedule():
             k = owner[rid]
             waiting[k] -= 1
+            n = prompt[rid] + generated[rid] - hit[rid]
+            prefilled[rid] += n
+            reused[rid] += hit[rid]
+            computed += n
             if first_admit[rid] < 0:
                 first_admit[rid] = t
                 self.work += wp * prompt[rid]
@@ -296,13 +378,51 @@ class Engine:
             due[rid] = f
             heapq.heappush(heap, (f, rid))
         self.occupancy_sum += sched.occupancy
+        self.step_prefill = computed
+
+    def _admit_cached(self, t: int) -> None:
+        """:meth:`admit` through the prefix cache: ``peek()``, the KV check
+        ``schedule()`` would make (no skipping), the cache's hit, ``pop(cached_len)``."""
+        (owner, prompt, hit, output, first_admit, stint, generated, _, _,
+         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
+        wp, sched, cache, M = self.wp, self.sched, self.cache, self.ledger.M
+        prefilled, reused = self.ledger.prefilled, self.ledger.reused
+        computed = 0
+        while True:
+            rid = sched.peek()
+            if rid is None or sched.occupancy + prompt[rid] + generated[rid] > M:
+                break
+            h = min(cache.acquire(self.chains(rid)), prompt[rid] - 1)
+            if sched.pop(cached_len=h) != rid:
+                raise RuntimeError(f"pop() did not admit request {rid}, which peek() named")
+            k = owner[rid]
+            waiting[k] -= 1
+            n = prompt[rid] + generated[rid] - h
+            prefilled[rid] += n
+            reused[rid] += h
+            computed += n
+            if first_admit[rid] < 0:
+                first_admit[rid] = t
+                hit[rid] = h
+                self.work += wp * prompt[rid]
+                if inv_w is not None:
+                    given[k] += wp * (prompt[rid] - h) * inv_w[k]
+            running[k] += 1
+            stint[rid] = t
+            f = t + output[rid] - generated[rid] - 1
+            due[rid] = f
+            heapq.heappush(heap, (f, rid))
+        self.occupancy_sum += sched.occupancy
+        self.step_prefill = computed
 
     def run(self, t: int) -> None:
         """Step ``t``, 3. and 4.: ``decode()`` (preempted ids first), then the finishes."""
         (owner, prompt, _, _, _, stint, generated, recomputed, finish,
          waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
-        wq, sched = self.wq, self.sched
+        wq, sched, cache = self.wq, self.sched, self.cache
         for rid in sched.decode():
+            if cache is not None:
+                cache.release(self.chains(rid))
             self.preemptions += 1
             waiting[owner[rid]] += 1
             running[owner[rid]] -= 1
@@ -319,6 +439,8 @@ class Engine:
             if due.get(rid) == f:
                 del due[rid]
                 sched.finish(rid)
+                if cache is not None:
+                    cache.release(self.chains(rid))
                 finish[rid] = t
                 running[owner[rid]] -= 1
 
@@ -340,6 +462,8 @@ def simulate(
     cached: Sequence[int] | None = None,
     predicted: Sequence[int] | None = None,
     priority: Sequence[int] | None = None,
+    cache: PrefixCache | None = None,
+    prefill_time: float = 0.0,
 ) -> SimResult:
     """Run ``requests`` (sorted by arrival) for ``steps`` steps and record the service.
 
@@ -352,7 +476,19 @@ def simulate(
     prefix-cache hit, passed as ``cached_len``; ``predicted[i]`` its
     predicted output length, passed as ``predicted_output``; ``priority[i]``
     its priority band (smaller is more urgent), passed as ``priority``.
+
+    ``cache`` puts a prefix cache in front of admission (requests' hits come
+    from it, at admission, instead of ``cached``); a scheduler with a
+    ``use_prefix_lookup`` method gets the engine's :meth:`Engine.lookup` and
+    :meth:`Engine.prefix_of` through it (the longest-prefix-match baseline,
+    :mod:`vtc.sim.baselines`, orders its queue by them).
+    ``prefill_time`` is the time one computed prompt token adds to its step
+    (module docstring); requests arrive by that clock.
     """
+    if cache is not None and cached is not None:
+        raise ValueError("pass either cached (fixed hits) or cache (a prefix cache), not both")
+    if prefill_time < 0:
+        raise ValueError(f"prefill_time must be >= 0, got {prefill_time}")
     options = dict(options or {})
     if "cost" in options:
         sched = (factory or rust_scheduler)(M=M, policy=policy, **options)
@@ -367,6 +503,11 @@ def simulate(
     arrival, prompt, hit = ledger.arrival, ledger.prompt, ledger.hit
     gate = RpmGate(rpm, minute) if rpm is not None else None
     engine = Engine(sched, ledger, wp, wq, [1.0 / weights.get(c, 1.0) for c in clients])
+    if cache is not None:
+        engine.use_cache(cache)
+        hook = getattr(sched, "use_prefix_lookup", None)
+        if hook is not None:
+            hook(engine.lookup, engine.prefix_of)
 
     def submit(rid: int) -> None:
         extra = {}
@@ -383,11 +524,13 @@ def simulate(
     backlog = [bytearray() for _ in clients]
     delivered = [array("d", [0.0]) for _ in clients]
     work = array("d", [0.0])
+    clock = array("d", [0.0])
+    now = 0.0
     svc = sched.service
     nxt = 0
 
     for t in range(steps):
-        while nxt < n and arrival[nxt] <= t:
+        while nxt < n and arrival[nxt] <= now:
             engine.arrive(nxt)
             if gate is None:
                 submit(nxt)
@@ -405,6 +548,8 @@ def simulate(
             service[k].append(svc(c))
             delivered[k].append(given[k])
         work.append(engine.work)
+        now += 1.0 + prefill_time * engine.step_prefill
+        clock.append(now)
         if progress is not None and not t & 1023:
             progress.update(t)
     if progress is not None:
@@ -433,4 +578,8 @@ def simulate(
         delivered={c: delivered[k] for k, c in enumerate(clients)},
         occupancy_sum=engine.occupancy_sum,
         cached=hit,
+        prefilled=ledger.prefilled,
+        reused=ledger.reused,
+        clock=clock,
+        cache=cache,
     )

@@ -19,8 +19,8 @@ import itertools
 import math
 import os
 import random
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Union
 
@@ -39,13 +39,18 @@ class Request:
     """One request: when it arrives, who sent it, and its true lengths.
 
     ``output_len`` is known to the harness only (it decides when the request
-    finishes); the scheduler never sees it.
+    finishes); the scheduler never sees it.  ``prefix`` describes the shared
+    start of the prompt for the prefix cache (:mod:`vtc.sim.cache`): segments
+    ``(prefix_id, tokens)`` in order, a ``prefix_id`` naming the same tokens
+    wherever it appears (after the same segments); the rest of the prompt is
+    the request's own.  The default ``()`` shares nothing.
     """
 
     arrival: int
     client: Client
     prompt_len: int
     output_len: int
+    prefix: tuple[tuple[Hashable, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,62 @@ def phases(loads: Sequence[Sequence[float]], steps: int, M: int, *, seed: int = 
         if load > 0
     ]
     return generate(specs, steps, seed)
+
+
+PREFIX_RATES = (1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0)  # prefix-heavy tenants' relative rates
+PREFIXES: Range = (2, 4)  # shared prefixes per tenant
+PREFIX_LEN: Range = (1024, 4096)
+SUFFIX_LEN: Range = (20, 200)
+SHORT_OUTPUT: Range = (8, 64)
+
+
+def prefix_heavy(
+    steps: int,
+    M: int,
+    *,
+    load: float = 1.0,
+    rates: Sequence[float] = PREFIX_RATES,
+    prefixes: Range = PREFIXES,
+    prefix_len: Range = PREFIX_LEN,
+    suffix: Range = SUFFIX_LEN,
+    output: Range = SHORT_OUTPUT,
+    seed: int = 0,
+) -> list[Request]:
+    """Tenants ``0..n-1`` (``n = len(rates)``), each with a few long shared prefixes.
+
+    Tenant ``i`` draws ``prefixes`` shared prefixes of ``prefix_len`` tokens
+    (ids ``(i, j)``); each of its requests is one of them, uniformly, then its
+    own suffix of ``suffix`` tokens, and a short output.  Tenants send Poisson
+    arrivals, together ``load`` x :func:`service_rate` of the whole prompt
+    lengths (the most the KV budget lets an engine serve, whatever it caches:
+    a load of 1 overloads any engine whose prefill takes time), split in the
+    proportion ``rates`` (unequal, so FCFS is unfair).
+    """
+    lo, hi = prefix_len[0] + suffix[0], prefix_len[1] + suffix[1]
+    cap = load * service_rate(M, (lo, hi), output) / sum(rates)
+    out: list[tuple[int, int, int, Request]] = []
+    for i, rate in enumerate(rates):
+        rng = random.Random(f"{seed}/prefix/{i}")
+        lengths = [rng.randint(*prefix_len) for _ in range(rng.randint(*prefixes))]
+        spec = ClientSpec(i, rate * cap)
+        for j, t in enumerate(_times(rng, spec, steps)):
+            k = rng.randrange(len(lengths))
+            req = Request(
+                arrival=int(t),
+                client=i,
+                prompt_len=lengths[k] + rng.randint(*suffix),
+                output_len=rng.randint(*output),
+                prefix=(((i, k), lengths[k]),),
+            )
+            out.append((req.arrival, i, j, req))
+    out.sort(key=lambda x: x[:3])
+    return [x[3] for x in out]
+
+
+def no_sharing(steps: int, M: int, **kwargs) -> list[Request]:
+    """:func:`prefix_heavy`'s requests (same arrivals and lengths) with nothing
+    shared: every prompt is unique."""
+    return [replace(r, prefix=()) for r in prefix_heavy(steps, M, **kwargs)]
 
 
 def load_trace(path: str | os.PathLike, steps_per_second: float) -> list[Request]:
