@@ -389,6 +389,37 @@ def test_scenarios_vtc_within_bound():
     assert fcfs[0]["drift_over_2U"] > 1.0
 
 
+def test_locality_lpm_reuses_vtc_stays_fair_and_unique_prompts_gain_nothing():
+    report = X.locality(opts(steps=3000))
+    rows = {(r["workload"], r["scheduler"]): r for r in report.tables[0].rows}
+    assert len(rows) == 6
+    lpm, fcfs, vtc = (rows["prefix-heavy", s] for s in ("lpm", "fcfs", "vtc"))
+    # longest prefix match computes a fraction of the prefill and serves the most
+    assert lpm["hit_rate"] > fcfs["hit_rate"] + 0.2 and lpm["hit_rate"] > vtc["hit_rate"] + 0.2
+    assert lpm["prefill_per_request"] < 0.5 * min(
+        fcfs["prefill_per_request"], vtc["prefill_per_request"]
+    )
+    assert lpm["tokens_per_t"] > 1.3 * max(fcfs["tokens_per_t"], vtc["tokens_per_t"])
+    assert lpm["requests_per_kt"] > max(fcfs["requests_per_kt"], vtc["requests_per_kt"])
+    # ... and is unfair; VTC stays within its bound (charged for uncached tokens only)
+    for workload in ("prefix-heavy", "no-sharing"):
+        assert rows[workload, "vtc"]["drift_over_2U"] <= 1.0
+        assert rows[workload, "fcfs"]["drift_over_2U"] > 1.0
+        assert rows[workload, "lpm"]["max_drift"] > 2 * rows[workload, "vtc"]["max_drift"]
+    # nothing shared: LPM has nothing to match and is FCFS; hits are only a preempted
+    # request's own blocks
+    assert rows["no-sharing", "lpm"] == {**rows["no-sharing", "fcfs"], "scheduler": "lpm"}
+    for s in ("fcfs", "vtc"):
+        assert rows["no-sharing", s]["hit_rate"] < 0.05
+    for row in rows.values():
+        assert math.isclose(sum(row["shares"]), 1.0)
+        assert row["evicted"] > 0  # the cache is smaller than the prefixes
+    for panel in report.panels:
+        cache = panel.result.cache
+        cache.check()
+        assert 0 < cache.peak <= cache.capacity == 16384
+
+
 # -- reporting and the command line ---------------------------------------------
 
 

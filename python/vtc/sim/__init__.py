@@ -8,6 +8,8 @@ True
 
 Modules: :mod:`~vtc.sim.workloads` (seeded generators and trace replay),
 :mod:`~vtc.sim.engine` (the engine model and the RPM gate),
+:mod:`~vtc.sim.cache` (a prefix cache for it),
+:mod:`~vtc.sim.baselines` (longest prefix match),
 :mod:`~vtc.sim.replicas` (replicas of that engine, counters shared through
 :mod:`vtc.distributed` or not),
 :mod:`~vtc.sim.metrics` (drift, service difference, throughput, shares,

@@ -24,6 +24,7 @@ experiments:
   scenarios   the paper's other workloads (gamma, short/long, ramp, phases, ...)
   replicas    N = 2, 4, 8 replicas, skewed ingress: FCFS vs per-replica VTC vs global VTC
   accounting  cost functions, prefix caching, preemption, per-client caps, length prediction
+  locality    a prefix cache (LRU): FCFS vs longest prefix match vs VTC, prefix-heavy and unique
   all         every experiment above; writes JSON per table and a PNG per experiment to --out
 
 examples:
@@ -45,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", choices=[*EXPERIMENTS, "all"])
     p.add_argument("--steps", type=int, help="engine steps to simulate (default: per experiment)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--M", type=int, help="KV budget in tokens (default 8192; 10000 for trace)")
+    p.add_argument(
+        "--M", type=int, help="KV budget in tokens (default 8192; 10000 trace, 16384 locality)"
+    )
     p.add_argument("--wp", type=float, default=1.0, help="weight of a prompt token (default 1)")
     p.add_argument("--wq", type=float, default=2.0, help="weight of an output token (default 2)")
     p.add_argument(

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from vtc.sim import metrics, workloads
+from vtc.sim.cache import PrefixCache
 from vtc.sim.engine import SchedulerFactory, SimResult, simulate
 from vtc.sim.progress import Progress
 from vtc.sim.report import Panel, Report, Table
@@ -62,8 +63,12 @@ class Options:
         cached: Sequence[int] | None = None,
         predicted: Sequence[int] | None = None,
         priority: Sequence[int] | None = None,
+        cache: PrefixCache | None = None,
+        prefill_time: float = 0.0,
+        factory: SchedulerFactory | None = None,
     ) -> SimResult:
-        """:func:`~vtc.sim.engine.simulate` with these options and a progress bar."""
+        """:func:`~vtc.sim.engine.simulate` with these options and a progress bar
+        (``factory``, when given, instead of ``self.factory``)."""
         return simulate(
             requests,
             steps,
@@ -74,12 +79,14 @@ class Options:
             weights=weights,
             rpm=rpm,
             minute=self.minute if minute is None else minute,
-            factory=self.factory,
+            factory=factory or self.factory,
             progress=Progress(label, steps, enabled=self.progress),
             options=options,
             cached=cached,
             predicted=predicted,
             priority=priority,
+            cache=cache,
+            prefill_time=prefill_time,
         )
 
 
@@ -806,6 +813,102 @@ def accounting(opts: Options) -> Report:
     return Report(tables, panels)
 
 
+# ------------------------------------------------------------------ locality
+
+PREFILL_TIME = 1.0 / 256.0  # time units per computed prompt token: 256 of them cost one step
+
+
+def locality(
+    opts: Options, prefill_time: float = PREFILL_TIME, capacity: int | None = None
+) -> Report:
+    """Locality against fairness with a prefix cache (issue 19, item 2; docs/locality.md).
+
+    Two workloads of the same arrivals and lengths: ``prefix-heavy`` (8
+    tenants, each with 2-4 shared prefixes of 1-4k tokens, suffixes of
+    20-200 tokens, outputs of 8-64, arrival rates 1:1:1:1:2:2:4:4, together
+    overloading the engine) and ``no-sharing`` (every prompt unique).  The
+    engine has a prefix cache of ``capacity`` tokens (default ``M``, the KV
+    pool of a real engine; the prefixes take ~54k tokens, so it evicts) and a
+    step lasts ``1 + prefill_time * computed prompt tokens``.  Schedulers:
+    FCFS, longest-prefix-match (SGLang's ``lpm``, :mod:`vtc.sim.baselines`)
+    and VTC, charged only uncached prompt tokens.  Throughput is per unit of
+    time (one decode step without prefill): finished requests per 1000 and
+    weighted tokens served (cached prompt tokens included); ``prefill`` the
+    prompt tokens computed; ``hit_rate`` the fraction of the prompt tokens
+    admissions needed that the cache gave; drift the largest gap of charged
+    service between two tenants while both were backlogged, over ``2U``.
+    """
+    from vtc.sim.baselines import lpm_scheduler
+
+    steps, M, seed = opts.steps or 20000, opts.M or 16384, opts.seed
+    capacity = M if capacity is None else capacity
+    # arrivals over 4x the steps: a step lasts 1-3 time units here, so the
+    # engine never runs out of work before the last step
+    shared = workloads.prefix_heavy(4 * steps, M, seed=seed)
+    gens = {
+        "prefix-heavy": shared,
+        "no-sharing": [dataclasses.replace(r, prefix=()) for r in shared],
+    }
+    runs = [("fcfs", "fcfs", None), ("lpm", "lpm", lpm_scheduler), ("vtc", "vtc", None)]
+    # Locality VTC (VTC with a quantum Q: any backlogged tenant within Q of the
+    # least counter may be served, longest cached prefix first; Q = 0 is plain
+    # VTC) goes here, rows "vtc Q=..." per quantum, once the core has the Q
+    # window (issue 19, item 1). It is not built yet.
+    table = Table(
+        "locality",
+        f"Prefix cache of {capacity:,} tokens, LRU (M={M:,}, {steps:,} steps, a computed "
+        f"prompt token costs 1/{1 / prefill_time:g} step); shares in % of charged service",
+        [
+            "workload",
+            "scheduler",
+            "requests_per_kt",
+            "tokens_per_t",
+            "prefill",
+            "prefill_per_request",
+            "hit_rate",
+            "evicted",
+            "max_drift",
+            "drift_over_2U",
+            "shares",
+        ],
+    )
+    panels = []
+    for name, reqs in gens.items():
+        for label, policy, factory in runs:
+            cache = PrefixCache(capacity)
+            res = opts.run(
+                f"locality {name} {label}",
+                reqs,
+                steps,
+                M=M,
+                policy=policy,
+                cache=cache,
+                prefill_time=prefill_time,
+                factory=factory,
+            )
+            done = sum(1 for f in res.finish if f >= 0)
+            admitted = sum(1 for a in res.first_admit if a >= 0)
+            drift = metrics.max_pair_drift(res)
+            share = metrics.shares(res)
+            table.rows.append(
+                {
+                    "workload": name,
+                    "scheduler": label,
+                    "requests_per_kt": 1000 * done / res.elapsed,
+                    "tokens_per_t": res.work[-1] / res.elapsed,
+                    "prefill": sum(res.prefilled),
+                    "prefill_per_request": sum(res.prefilled) / admitted,
+                    "hit_rate": res.hit_rate,
+                    "evicted": cache.evicted,
+                    "max_drift": drift,
+                    "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                    "shares": [share[c] for c in res.clients],
+                }
+            )
+            panels.append(Panel(f"{name}: {label}", res))
+    return Report([table], panels)
+
+
 EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "drift": drift,
     "returning": returning,
@@ -817,4 +920,5 @@ EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
     "scenarios": scenarios,
     "replicas": replicas,
     "accounting": accounting,
+    "locality": locality,
 }
