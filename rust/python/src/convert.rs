@@ -1,0 +1,408 @@
+//! Argument shapes: every Python value an argument may be, read into plain
+//! Rust values before the lock is taken (a length is never trusted, every
+//! numpy integer dtype is read). The values themselves are the core's to
+//! check.
+
+use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyAttributeError, PyOverflowError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple};
+use vtc_core::{ClientCap, CoreError};
+
+use crate::errors::{invalid, Error, Result};
+
+/// Whether the type of `obj` defines the special method `name` (an
+/// exception raised *by* such a method is the caller's and propagates).
+pub(crate) fn has_special(obj: &Bound<'_, PyAny>, name: &str) -> bool {
+    obj.get_type().hasattr(name).unwrap_or(false)
+}
+
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+pub(crate) fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unrepresentable>".into())
+}
+
+pub(crate) fn type_error(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> Error {
+    Error::Py(PyTypeError::new_err(format!(
+        "{what} must be {expected}, got {} of type {}",
+        repr(obj),
+        type_name(obj)
+    )))
+}
+
+/// The Python int an integer argument stands for: an int or anything with
+/// `__index__` (numpy integers), never a bool. An exception raised inside the
+/// caller's `__index__` is theirs: it propagates.
+pub(crate) fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound<'py, PyAny>> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(what, "an int", obj));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        Ok(obj.clone())
+    } else if has_special(obj, "__index__") {
+        Ok(obj.call_method0("__index__")?)
+    } else {
+        Err(type_error(what, "an int", obj))
+    }
+}
+
+/// An integer argument (see [`index_of`]) in i128.
+pub(crate) fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
+    index_of(what, obj)?
+        .extract::<i128>()
+        .map_err(|_| invalid(format!("{what} {} is out of range", repr(obj))))
+}
+
+/// [`int_arg`] for an argument whose every value out of i64 is refused the
+/// same way: saturated to i128's range, with the int's own text to name it.
+pub(crate) fn int_arg_sat(what: &str, obj: &Bound<'_, PyAny>) -> Result<(i128, String)> {
+    let idx = index_of(what, obj)?;
+    let text = idx.str().map(|s| s.to_string()).unwrap_or_default();
+    let v = match idx.extract::<i128>() {
+        Ok(v) => v,
+        Err(_) if idx.gt(0)? => i128::MAX,
+        Err(_) => i128::MIN,
+    };
+    Ok((v, text))
+}
+
+pub(crate) fn request_id_arg(obj: &Bound<'_, PyAny>) -> Result<u64> {
+    let v = int_arg("request_id", obj)?;
+    u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
+}
+
+pub(crate) fn i64_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i64> {
+    let v = int_arg(what, obj)?;
+    i64::try_from(v).map_err(|_| invalid(format!("{what} {v} does not fit in 64 bits")))
+}
+
+/// The `(key, value)` pairs of a dict or any other mapping, in its order; a
+/// TypeError naming `what` and `expected` for anything else.
+pub(crate) fn mapping_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    expected: &str,
+) -> Result<Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)>> {
+    if let Ok(d) = obj.cast::<PyDict>() {
+        return Ok(d.iter().collect());
+    }
+    if let Ok(m) = obj.cast::<PyMapping>() {
+        return Ok(m
+            .items()?
+            .iter()
+            .map(|t| t.extract())
+            .collect::<PyResult<_>>()?);
+    }
+    Err(type_error(what, expected, obj))
+}
+
+/// `band_weights`: None (strict bands) or a mapping of priority to weight,
+/// each pair checked in order (the priority, then its weight).
+pub(crate) fn band_weights_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<Vec<(i64, f64)>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let items = mapping_items(obj, "band_weights", "a mapping of priority to weight")?;
+    let mut out = Vec::with_capacity(items.len());
+    for (p, w) in &items {
+        let p = i64_arg("priority", p)?;
+        let w = float_arg("weight", w)?;
+        if !vtc_core::limits::weight_ok(w) {
+            return Err(CoreError::InvalidWeight(w).into());
+        }
+        out.push((p, w));
+    }
+    Ok(Some(out))
+}
+
+/// A real-number argument. The rule (the same in `vtc.reference`): an int
+/// (never a bool), a float, or any other `numbers.Real` (`Fraction`, numpy
+/// floats and ints) is converted with `float()`; anything else (`Decimal`,
+/// str, None) is a TypeError. An int too large for a float is a value error
+/// (InvalidArgumentError naming it), not a type error.
+pub(crate) fn float_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<f64> {
+    if let Ok(f) = obj.cast_exact::<PyFloat>() {
+        return Ok(f.value());
+    }
+    if obj.is_instance_of::<PyBool>() {
+        return Err(type_error(what, "a number", obj));
+    }
+    let real = obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() || {
+        let py = obj.py();
+        let real = py.import("numbers")?.getattr("Real")?;
+        obj.is_instance(&real)?
+    };
+    if !real {
+        return Err(type_error(what, "a number", obj));
+    }
+    obj.extract::<f64>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(obj.py()) {
+            invalid(format!("{what} {} is out of range", repr(obj)))
+        } else {
+            Error::Py(e)
+        }
+    })
+}
+
+/// `out.<name>` of `outputs[i]`, or a TypeError naming both.
+pub(crate) fn output_attr<'py>(
+    i: usize,
+    out: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> Result<Bound<'py, PyAny>> {
+    out.getattr(name).map_err(|e| {
+        if e.is_instance_of::<PyAttributeError>(out.py()) {
+            Error::Py(PyTypeError::new_err(format!(
+                "outputs[{i}] has no attribute {name}: {}",
+                repr(out)
+            )))
+        } else {
+            Error::Py(e) // raised by a getter: not ours to rename
+        }
+    })
+}
+
+/// The items of a list, tuple or other iterable argument, read with bounded
+/// memory: never allocated from a `__len__` (which may lie), and an iterable
+/// other than a list or tuple is read up to a limit the caller derives from
+/// the scheduler (a batch longer than that is an error whatever it holds).
+pub(crate) struct Read {
+    /// The values, up to the first item that is not an int (in i128).
+    pub(crate) vals: Vec<i128>,
+    /// That item's position and error, raised in position order (see
+    /// `decode`): a later check of an earlier item may win.
+    pub(crate) err: Option<(usize, Error)>,
+    /// How many items were read (those after `err` are counted, not converted).
+    pub(crate) len: usize,
+    /// There are more than `len` items (only an iterable is cut short).
+    pub(crate) more: bool,
+}
+
+impl Read {
+    pub(crate) fn empty() -> Self {
+        Read {
+            vals: Vec::new(),
+            err: None,
+            len: 0,
+            more: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, what: &str, item: &Bound<'_, PyAny>) {
+        if self.err.is_none() {
+            // the common case first: an exact int that fits in i64
+            let v = match item.cast_exact::<PyInt>().map(|i| i.extract::<i64>()) {
+                Ok(Ok(v)) => Ok(i128::from(v)),
+                _ => int_arg(what, item),
+            };
+            match v {
+                Ok(v) => self.vals.push(v),
+                Err(e) => self.err = Some((self.len, e)),
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Read `obj`: a list or tuple whole, any other iterable up to `limit`
+    /// items. An exception raised by the iterator itself propagates.
+    pub(crate) fn new(what: &str, obj: &Bound<'_, PyAny>, limit: usize) -> Result<Self> {
+        let mut r = Read::empty();
+        if let Ok(list) = obj.cast_exact::<PyList>() {
+            r.vals.reserve(list.len()); // a list's length is its real one
+            for item in list.iter() {
+                r.push(what, &item);
+            }
+            return Ok(r);
+        }
+        if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            r.vals.reserve(t.len());
+            for item in t.iter() {
+                r.push(what, &item);
+            }
+            return Ok(r);
+        }
+        let iter = obj
+            .try_iter()
+            .map_err(|_| type_error(what, "a sequence of ints", obj))?;
+        for item in iter {
+            let item = item?;
+            if r.len == limit {
+                r.more = true;
+                break;
+            }
+            r.push(what, &item);
+        }
+        Ok(r)
+    }
+}
+
+/// The real length of a batch argument whose length can be trusted: an exact
+/// list or tuple, or a 1-d numpy array (`None` for any other object, whose
+/// `__len__` may lie).
+pub(crate) fn sized_len(obj: &Bound<'_, PyAny>) -> Option<usize> {
+    if let Ok(l) = obj.cast_exact::<PyList>() {
+        return Some(l.len());
+    }
+    if let Ok(t) = obj.cast_exact::<PyTuple>() {
+        return Some(t.len());
+    }
+    match obj.cast::<numpy::PyUntypedArray>() {
+        Ok(a) if a.ndim() == 1 => Some(a.len()),
+        _ => None,
+    }
+}
+
+/// A batch argument as given: a 1-d numpy array of an integer dtype (copied
+/// into [`Scratch`] under the lock, running no Python code; dtypes other
+/// than u64/i64/i32 in native byte order are converted by numpy first), or
+/// anything else, read into a [`Read`] before the lock is taken (that may
+/// run Python code, e.g. `__index__`, which could call back in).
+pub(crate) enum Ints<'py> {
+    U64(PyReadonlyArray1<'py, u64>),
+    I64(PyReadonlyArray1<'py, i64>),
+    I32(PyReadonlyArray1<'py, i32>),
+    Other(Read),
+}
+
+impl<'py> Ints<'py> {
+    pub(crate) fn new(what: &str, obj: &Bound<'py, PyAny>, limit: usize) -> Result<Self> {
+        if obj.is_exact_instance_of::<PyList>() {
+            // the common case: skip the numpy attempts (each builds an error)
+            return Ok(Ints::Other(Read::new(what, obj, limit)?));
+        }
+        if let Ok(a) = obj.cast::<numpy::PyUntypedArray>() {
+            if a.ndim() == 1 {
+                if a.len() == 0 {
+                    return Ok(Ints::Other(Read::empty())); // of any dtype
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, u64>>() {
+                    return Ok(Ints::U64(a));
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
+                    return Ok(Ints::I64(a));
+                }
+                if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
+                    return Ok(Ints::I32(a));
+                }
+                match a.dtype().kind() {
+                    // other widths and byte orders: a native 64-bit copy
+                    b'i' => {
+                        let c = obj.call_method1("astype", ("int64",))?;
+                        return Ok(Ints::I64(c.extract()?));
+                    }
+                    b'u' => {
+                        let c = obj.call_method1("astype", ("uint64",))?;
+                        return Ok(Ints::U64(c.extract()?));
+                    }
+                    _ => {} // bool, float, object: item by item (a TypeError in place)
+                }
+            } else {
+                return Err(Error::Py(PyTypeError::new_err(format!(
+                    "{what} must be a 1-d integer array, got a {}-d array of dtype {}",
+                    a.ndim(),
+                    a.dtype()
+                ))));
+            }
+        }
+        Ok(Ints::Other(Read::new(what, obj, limit)?))
+    }
+
+    /// Items read (for an array, its length).
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Ints::U64(a) => a.len(),
+            Ints::I64(a) => a.len(),
+            Ints::I32(a) => a.len(),
+            Ints::Other(r) => r.len,
+        }
+    }
+
+    /// More items than read (an iterable cut at its limit).
+    pub(crate) fn more(&self) -> bool {
+        matches!(self, Ints::Other(r) if r.more)
+    }
+
+    /// Replace `out`'s contents with the values, each converted by `conv`,
+    /// up to the first one that fails (to convert, or to be read): returns
+    /// its position and error.
+    pub(crate) fn copy_into<T: Copy>(
+        &mut self,
+        out: &mut Vec<T>,
+        conv: impl Fn(i128) -> Result<T>,
+    ) -> Option<(usize, Error)> {
+        out.clear();
+        let mut push = |x: i128| -> std::result::Result<(), (usize, Error)> {
+            let i = out.len();
+            out.push(conv(x).map_err(|e| (i, e))?);
+            Ok(())
+        };
+        let r = match self {
+            Ints::U64(a) => match a.as_slice() {
+                Ok(xs) => xs.iter().try_for_each(|&x| push(x as i128)),
+                Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            },
+            Ints::I64(a) => match a.as_slice() {
+                Ok(xs) => xs.iter().try_for_each(|&x| push(x as i128)),
+                Err(_) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            },
+            Ints::I32(a) => a.as_array().iter().try_for_each(|&x| push(x as i128)),
+            Ints::Other(r) => match r.vals.iter().try_for_each(|&x| push(x)) {
+                Ok(()) => match r.err.take() {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            },
+        };
+        r.err()
+    }
+}
+
+pub(crate) fn rid_of(v: i128) -> Result<u64> {
+    u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
+}
+
+pub(crate) fn tokens_of(v: i128) -> Result<i64> {
+    i64::try_from(v).map_err(|_| {
+        if v < 0 {
+            invalid(format!("tokens must be >= 0, got {v}"))
+        } else {
+            invalid(format!(
+                "tokens {v} exceeds {}",
+                vtc_core::MAX_TOKENS_PER_CALL
+            ))
+        }
+    })
+}
+
+pub(crate) fn coef(what: &str, obj: Option<&Bound<'_, PyAny>>, default: f64) -> Result<f64> {
+    obj.map(|o| float_arg(what, o))
+        .transpose()
+        .map(|v| v.unwrap_or(default))
+}
+
+/// A `client_cap=` argument: an int number of tokens, or a float fraction of M
+/// (the core's rule, `ClientCap`, checks the values).
+pub(crate) fn client_cap_arg(obj: &Bound<'_, PyAny>) -> Result<ClientCap> {
+    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        // any positive int: the core clamps a cap above M to M
+        return match obj.extract::<i128>() {
+            Ok(v) if v >= 1 => Ok(ClientCap::Tokens(u64::try_from(v).unwrap_or(u64::MAX))),
+            Ok(v) if v >= i128::from(i64::MIN) => Err(CoreError::InvalidClientCap(v as i64).into()),
+            Err(_) if obj.gt(0)? => Ok(ClientCap::Tokens(u64::MAX)),
+            _ => Err(invalid(format!(
+                "client_cap must be a positive number of tokens (or a fraction of M in (0, 1]), got {}",
+                repr(obj)
+            ))),
+        };
+    }
+    Ok(ClientCap::Fraction(float_arg("client_cap", obj)?))
+}
