@@ -1,11 +1,13 @@
 # Hand-kept stub for the compiled module vtc._core (rust/python/src/lib.rs).
-# Keep every signature here in step with the #[pyo3(signature = ...)] there.
+# Keep every signature here in step with the #[pyo3(signature = ...)] there:
+# `make test-core` runs mypy's stubtest, which fails on any difference.
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 __version__: str
 MAX_TOKENS_PER_CALL: int
@@ -23,8 +25,33 @@ def key_id(key: Hashable, /) -> int:
     are not stable across processes (do not put them in snapshots you restore
     elsewhere)."""
 
-ClientKey = int | str
-IntArray = Sequence[int] | npt.NDArray[np.integer]
+__all__ = [
+    "__version__",
+    "Scheduler",
+    "LinearCost",
+    "QuadraticCost",
+    "ContextCost",
+    "key_id",
+    "SchedulerError",
+    "InvalidArgumentError",
+    "DuplicateRequestError",
+    "UnknownRequestError",
+    "RequestStateError",
+    "CapacityError",
+    "SnapshotError",
+    "InternalError",
+    "MAX_TOKENS_PER_CALL",
+    "MAX_BUDGET",
+    "MAX_REQUEST_TOKENS",
+    "MAX_PRICE",
+    "MIN_WEIGHT",
+    "MAX_WEIGHT",
+    "MAX_COUNTER",
+    "SNAPSHOT_VERSION",
+]
+
+_ClientKey = int | str
+_IntArray = Sequence[int] | npt.NDArray[np.integer]
 
 class SchedulerError(Exception):
     """Base class of every error vtc raises. The scheduler is unchanged after any of them."""
@@ -52,13 +79,16 @@ class InternalError(SchedulerError):
 class CapacityError(SchedulerError):
     """The last running request alone cannot grow within M; finish or cancel it."""
 
+@final
 class LinearCost:
     """``h(n_p, n_q) = wp·n_p + wq·n_q``: the default cost (same as passing ``wp``/``wq``)."""
 
     wp: float
     wq: float
-    def __init__(self, wp: float = 1.0, wq: float = 2.0) -> None: ...
+    def __new__(cls, wp: float | None = None, wq: float | None = None) -> Self:
+        """``wp`` 1.0 and ``wq`` 2.0 when omitted."""
 
+@final
 class QuadraticCost:
     """``h = a_p·n_p + a_q·n_q + a_pq·n_p·n_q + a_qq·n_q² + c`` (the paper's profiled cost).
 
@@ -72,15 +102,17 @@ class QuadraticCost:
     a_pq: float
     a_qq: float
     c: float
-    def __init__(
-        self,
-        a_p: float = 2.1,
-        a_q: float = 1.0,
-        a_pq: float = 0.04,
-        a_qq: float = 0.032,
-        c: float = 11.46,
-    ) -> None: ...
+    def __new__(
+        cls,
+        a_p: float | None = None,
+        a_q: float | None = None,
+        a_pq: float | None = None,
+        a_qq: float | None = None,
+        c: float | None = None,
+    ) -> Self:
+        """Omitted coefficients are the paper's: 2.1, 1.0, 0.04, 0.032, 11.46."""
 
+@final
 class ContextCost:
     """Context-aware decode: ``wp`` per computed prompt token, and ``wq + beta·context_len``
     per generated token, ``context_len`` = prompt + tokens generated before it.
@@ -91,10 +123,14 @@ class ContextCost:
     wp: float
     wq: float
     beta: float
-    def __init__(self, wp: float = 1.0, wq: float = 2.0, beta: float = 0.001953125) -> None: ...
+    def __new__(
+        cls, wp: float | None = None, wq: float | None = None, beta: float | None = None
+    ) -> Self:
+        """``wp`` 1.0, ``wq`` 2.0 and ``beta`` 1/512 when omitted."""
 
-Cost = LinearCost | QuadraticCost | ContextCost
+_Cost = LinearCost | QuadraticCost | ContextCost
 
+@final
 class Scheduler:
     """The Virtual Token Counter scheduler (Sheng et al., OSDI '24).
 
@@ -125,20 +161,20 @@ class Scheduler:
       ``predicted_output`` gets the client's moving average of finished output lengths.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         M: int,
         wp: float | None = None,  # 1.0 when omitted; not together with ``cost``
         wq: float | None = None,  # 2.0 when omitted; not together with ``cost``
-        policy: Literal["vtc", "lcf", "fcfs"] = "vtc",
+        policy: Literal["vtc", "lcf", "fcfs"] | None = None,  # "vtc" when omitted
         *,
-        cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
+        cost: _Cost | Literal["linear", "quadratic", "context"] | None = None,
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @property
-    def cost(self) -> Cost:
+    def cost(self) -> _Cost:
         """The cost function."""
     @property
     def client_cap(self) -> int | None:
@@ -146,7 +182,7 @@ class Scheduler:
     @property
     def predictor(self) -> str:
         """``"none"`` or ``"mean"``."""
-    def credit(self, client: ClientKey) -> float:
+    def credit(self, client: _ClientKey) -> float:
         """Refunded over-prediction not yet absorbed by the client's later charges."""
     @property
     def M(self) -> int:
@@ -190,32 +226,32 @@ class Scheduler:
     def band_counters(self) -> dict[int, float]:
         """Under weighted bands, the counter of each band with live requests, by
         priority (empty under strict bands). Not kept in snapshots."""
-    def set_weight(self, client: ClientKey, weight: float) -> None:
+    def set_weight(self, client: _ClientKey, weight: float) -> None:
         """Weighted VTC: every later charge to ``client`` is divided by ``weight`` (> 0, finite)."""
-    def raise_counter(self, client: ClientKey, value: float) -> None:
+    def raise_counter(self, client: _ClientKey, value: float) -> None:
         """Raise the client's counter to at least ``value`` (never lowers it).
 
         For counters shared across replicas: a replica lifts its local view to the
         global counter it learned. Delivered service is unchanged.
         """
-    def raise_counters(self, counters: Mapping[ClientKey, float]) -> int:
+    def raise_counters(self, counters: Mapping[_ClientKey, float]) -> int:
         """``raise_counter`` for every ``client: value`` of ``counters``, in one call.
 
         Every pair is checked (the client, then its value, in the mapping's order)
         before any counter moves: an error changes nothing. Returns how many
         counters rose.
         """
-    def weight(self, client: ClientKey) -> float:
+    def weight(self, client: _ClientKey) -> float:
         """The client's weight (1.0 for a client never seen)."""
-    def counter(self, client: ClientKey) -> float:
+    def counter(self, client: _ClientKey) -> float:
         """The client's virtual counter: service received plus lifts (0.0 if never seen)."""
-    def service(self, client: ClientKey) -> float:
+    def service(self, client: _ClientKey) -> float:
         """Weighted service actually delivered to the client, without lifts."""
-    def counters(self) -> dict[ClientKey, float]:
+    def counters(self) -> dict[_ClientKey, float]:
         """Every client's virtual counter."""
-    def services(self) -> dict[ClientKey, float]:
+    def services(self) -> dict[_ClientKey, float]:
         """Every client's delivered weighted service."""
-    def client_tokens(self, client: ClientKey) -> tuple[int, int]:
+    def client_tokens(self, client: _ClientKey) -> tuple[int, int]:
         """The raw tokens charged to the client, ``(prompt, decode)`` (``(0, 0)`` if
         never seen): token counts, whatever they cost (prices, weight, cost function
         and credit do not enter).
@@ -229,10 +265,10 @@ class Scheduler:
         until ``forget_idle`` forgets the client; a scheduler restored by
         ``from_snapshot`` starts every client at ``(0, 0)``.
         """
-    def tokens(self) -> dict[ClientKey, tuple[int, int]]:
+    def tokens(self) -> dict[_ClientKey, tuple[int, int]]:
         """Every client's ``client_tokens``: ``(prompt, decode)``, the same keys as
         ``counters()``. One call for a metrics refresh."""
-    def active_clients(self) -> dict[ClientKey, tuple[int, int]]:
+    def active_clients(self) -> dict[_ClientKey, tuple[int, int]]:
         """Every client with live requests: ``(waiting, running)``, its request counts.
 
         ``waiting`` includes the requests taken by ``set_aside`` and not yet put back
@@ -249,12 +285,12 @@ class Scheduler:
         the engine thread schedules sees a consistent state. Keys as in
         ``tokens()``.
         """
-    def clients(self) -> list[ClientKey]:
+    def clients(self) -> list[_ClientKey]:
         """Every client the scheduler knows (not forgotten), by internal id."""
     def submit(
         self,
         request_id: int,
-        client: ClientKey,
+        client: _ClientKey,
         prompt_len: int,
         cached_len: int | None = None,
         predicted_output: int | None = None,
@@ -282,7 +318,7 @@ class Scheduler:
     def schedule(self) -> list[int]:
         """Admit requests until the next does not fit in M; returns them in admission order."""
     def decode(
-        self, request_ids: IntArray | None = None, tokens: int | IntArray | None = None
+        self, request_ids: _IntArray | None = None, tokens: int | _IntArray | None = None
     ) -> list[int]:
         """Charge generated tokens.
 
@@ -347,7 +383,7 @@ class Scheduler:
     def status(self, request_id: int) -> Literal["waiting", "running", "aside"] | None:
         """Where a request is; None once finished or cancelled (or never seen)."""
     def statuses(
-        self, request_ids: IntArray | Iterable[int]
+        self, request_ids: _IntArray | Iterable[int]
     ) -> list[Literal["waiting", "running", "aside"] | None]:
         """``status`` of each id, in order, in one call; the first bad id raises as
         ``status`` would (nothing changes either way)."""
@@ -378,7 +414,7 @@ class Scheduler:
     def from_snapshot(
         data: bytes,
         *,
-        cost: Cost | Literal["linear", "quadratic", "context"] | None = None,
+        cost: _Cost | Literal["linear", "quadratic", "context"] | None = None,
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
