@@ -1,0 +1,378 @@
+//! The Scheduler's calls that change requests: submit, the built-in loop
+//! (`schedule`, `decode()`), and engine mode (`peek`/`pop`, `decode` with
+//! ids, `decode_all`, `decode_outputs`, `set_aside`/`put_back`, `preempt`,
+//! `finish`, `cancel`). Each reads its arguments (`convert`), takes the
+//! lock, calls the core and converts the result.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+use vtc_core::{CoreError, Tokens};
+
+use crate::convert::{
+    has_special, i64_arg, int_arg, int_arg_sat, output_attr, repr, request_id_arg, rid_of,
+    sized_len, tokens_of, type_error, Ints,
+};
+use crate::errors::{self, invalid, Error, Result};
+use crate::keys::client_arg;
+use crate::{key_id, PyScheduler, DETACH_MIN};
+
+/// The core's engine-form `decode`, with the GIL released for a batch of at
+/// least [`DETACH_MIN`] ids.
+fn decode_batch(
+    py: Python<'_>,
+    core: &mut vtc_core::Scheduler,
+    rids: &[u64],
+    tokens: Tokens<'_>,
+) -> Result<()> {
+    if rids.len() >= DETACH_MIN {
+        py.detach(|| core.decode(rids, tokens))?;
+    } else {
+        core.decode(rids, tokens)?;
+    }
+    Ok(())
+}
+
+#[pymethods]
+impl PyScheduler {
+    #[pyo3(signature = (request_id, client, prompt_len, cached_len = None, predicted_output = None, priority = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        client: &Bound<'_, PyAny>,
+        prompt_len: &Bound<'_, PyAny>,
+        cached_len: Option<&Bound<'_, PyAny>>,
+        predicted_output: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+    ) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        let key = client_arg(client)?;
+        let prompt = i64_arg("prompt_len", prompt_len)?;
+        let cached = cached_len
+            .map(|c| i64_arg("cached_len", c))
+            .transpose()?
+            .unwrap_or(0);
+        let predicted = predicted_output
+            .map(|p| i64_arg("predicted_output", p))
+            .transpose()?;
+        let priority = priority
+            .map(|p| i64_arg("priority", p))
+            .transpose()?
+            .unwrap_or(0);
+        let mut g = self.lock(py)?;
+        // Validate before interning so a rejected submit creates no client.
+        g.core.check_submit_full(rid, prompt, cached, predicted)?;
+        let c = g.intern(&key);
+        g.core
+            .submit_priority(rid, c, prompt, cached, predicted, priority)?;
+        Ok(())
+    }
+
+    fn schedule<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut out = Vec::new();
+        {
+            let mut g = self.lock(py)?;
+            g.core.schedule(&mut out);
+        }
+        PyList::new(py, out)
+    }
+
+    #[pyo3(signature = (request_ids = None, tokens = None))]
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+    ) -> Result<Bound<'py, PyList>> {
+        let Some(ids) = request_ids else {
+            if tokens.is_some() {
+                return Err(Error::Py(PyTypeError::new_err(
+                    "tokens given without request_ids",
+                )));
+            }
+            let mut preempted = Vec::new();
+            let mut g = self.lock(py)?;
+            let n = g.core.num_running();
+            if n >= DETACH_MIN {
+                py.detach(|| g.core.decode_step(&mut preempted))?;
+            } else {
+                g.core.decode_step(&mut preempted)?;
+            }
+            drop(g);
+            return Ok(PyList::new(py, preempted)?);
+        };
+        // A list, tuple or array is read whole; another iterable only up to
+        // one more id than there are running requests (more is an error
+        // anyway), or as many as a list, tuple or array of tokens holds, so
+        // that the lengths can be compared (the same rule in `vtc.reference`).
+        let limit = if sized_len(ids).is_some() {
+            usize::MAX
+        } else {
+            let n = self.lock(py)?.core.num_running().saturating_add(1);
+            tokens.and_then(sized_len).map_or(n, |t| t.max(n))
+        };
+        let mut ids = Ints::new("request_ids", ids, limit)?;
+        enum Toks<'py> {
+            Each(Result<i64>),
+            Per(Ints<'py>),
+        }
+        let mut toks = match tokens {
+            None => Toks::Each(Ok(1)),
+            Some(t) if t.is_instance_of::<PyInt>() && !t.is_instance_of::<PyBool>() => {
+                Toks::Each(int_arg("tokens", t).and_then(tokens_of))
+            }
+            Some(t) => Toks::Per(Ints::new("tokens", t, ids.len())?),
+        };
+        let mut g = self.lock(py)?;
+        let inner = &mut *g;
+        let scratch = &mut inner.scratch;
+        let id_err = ids.copy_into(&mut scratch.ids, rid_of);
+        // The order of checks (the same in `vtc.reference`): the lengths;
+        // then position by position: the id (type, range, known, running),
+        // a duplicate, the token count (type, range). Conversion errors
+        // found while reading are raised at their position, after the core
+        // has checked the positions before it.
+        let (tok_err, each) = match &mut toks {
+            Toks::Each(Ok(t)) => (None, Some(*t)),
+            Toks::Each(Err(_)) if ids.len() == 0 && !ids.more() => return Ok(PyList::empty(py)),
+            Toks::Each(e) => {
+                let e = std::mem::replace(e, Ok(0)).expect_err("an error");
+                (Some((0, e)), Some(0))
+            }
+            Toks::Per(per) => {
+                if per.len() != ids.len() || per.more() != ids.more() {
+                    let n = |x: &Ints<'_>| {
+                        if x.more() {
+                            format!("more than {}", x.len())
+                        } else {
+                            x.len().to_string()
+                        }
+                    };
+                    return Err(invalid(format!(
+                        "request_ids and tokens differ in length: {} != {}",
+                        n(&ids),
+                        n(per)
+                    )));
+                }
+                (per.copy_into(&mut scratch.tokens, tokens_of), None)
+            }
+        };
+        fn per(each: Option<i64>, t: &[i64]) -> Tokens<'_> {
+            match each {
+                Some(e) => Tokens::Each(e),
+                None => Tokens::PerRequest(t),
+            }
+        }
+        if id_err.is_none() && tok_err.is_none() && !ids.more() {
+            decode_batch(
+                py,
+                &mut inner.core,
+                &scratch.ids,
+                per(each, &scratch.tokens),
+            )?;
+            drop(g);
+            return Ok(PyList::empty(py));
+        }
+        let id_at = id_err.as_ref().map_or(usize::MAX, |e| e.0);
+        let tok_at = tok_err.as_ref().map_or(usize::MAX, |e| e.0);
+        let (n, deferred) = if id_at <= tok_at && id_err.is_some() {
+            (id_at, id_err.map(|e| e.1))
+        } else if let Some((p, e)) = tok_err {
+            // the id at `p` is checked before its token count
+            if each.is_none() {
+                scratch.tokens.truncate(p);
+                scratch.tokens.push(0);
+            }
+            (p + 1, Some(e))
+        } else {
+            (ids.len(), None) // cut short: an error lies within the ids read
+        };
+        let n = n.min(scratch.ids.len());
+        let t = &scratch.tokens[..if each.is_none() { n } else { 0 }];
+        inner.core.check_decode(&scratch.ids[..n], per(each, t))?;
+        drop(g);
+        Err(deferred.unwrap_or_else(|| {
+            invalid(format!(
+                "request_ids has more than {} items, more than there are running requests",
+                ids.len()
+            ))
+        }))
+    }
+
+    /// Engine form, uniform: every running request generated `tokens`
+    /// tokens (default 1), no ids passed; the charges of `decode(<every
+    /// running id>, tokens)`. No capacity check; all or nothing.
+    #[pyo3(signature = (tokens = None))]
+    fn decode_all(&self, py: Python<'_>, tokens: Option<&Bound<'_, PyAny>>) -> Result<()> {
+        let t = match tokens {
+            None => 1,
+            Some(t) => int_arg("tokens", t).and_then(tokens_of)?,
+        };
+        let mut g = self.lock(py)?;
+        if g.core.num_running() >= DETACH_MIN {
+            py.detach(|| g.core.decode_all(t))?;
+        } else {
+            g.core.decode_all(t)?;
+        }
+        Ok(())
+    }
+
+    /// Engine form of `decode` that reads an engine step's output objects
+    /// itself: for each object, `len(obj.<tokens_attr>)` tokens (or the int
+    /// it holds) are charged to the request its key `obj.<id_attr>` names:
+    /// `request_ids[key]`, or with `missing="hash"` and a key not there,
+    /// `key_id(key)`. One call with no Python-level loop; all or nothing.
+    #[pyo3(signature = (outputs, request_ids, /, *, missing = "error", id_attr = "request_id", tokens_attr = "new_token_ids"))]
+    fn decode_outputs(
+        &self,
+        py: Python<'_>,
+        outputs: &Bound<'_, PyAny>,
+        request_ids: &Bound<'_, PyDict>,
+        missing: &str,
+        id_attr: &str,
+        tokens_attr: &str,
+    ) -> Result<()> {
+        let hashed = match missing {
+            "error" => false,
+            "hash" => true,
+            other => {
+                return Err(invalid(format!(
+                    "missing must be \"error\" or \"hash\", got {other:?}"
+                )))
+            }
+        };
+        // With `hashed`, an empty mapping (the common case) is not consulted.
+        let consult = !(hashed && request_ids.is_empty());
+        let id_name = PyString::intern(py, id_attr);
+        let tokens_name = PyString::intern(py, tokens_attr);
+        // Never sized from `len(outputs)` (it may lie); an iterable other
+        // than a list is read up to one more output than there are running
+        // requests (more is an error whatever they hold).
+        let limit = if outputs.is_exact_instance_of::<PyList>() {
+            usize::MAX
+        } else {
+            self.lock(py)?.core.num_running().saturating_add(1)
+        };
+        let mut rids: Vec<u64> = Vec::new();
+        let mut toks: Vec<i64> = Vec::new();
+        // Everything that may run Python code (attribute getters, __len__,
+        // __hash__) happens here, before the lock is taken.
+        let mut read = |i: usize, out: Bound<'_, PyAny>| -> Result<()> {
+            let key = output_attr(i, &out, &id_name)?;
+            let found = if consult {
+                request_ids.get_item(&key)?
+            } else {
+                None
+            };
+            let rid = match found {
+                Some(rid) => request_id_arg(&rid)?,
+                None if hashed => key_id(&key)?,
+                None => {
+                    return Err(Error::Arg(
+                        errors::Kind::UnknownRequest,
+                        format!(
+                            "outputs[{i}].{id_attr} = {} is not in request_ids",
+                            repr(&key)
+                        ),
+                    ))
+                }
+            };
+            let produced = output_attr(i, &out, &tokens_name)?;
+            let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
+                i64_arg(tokens_attr, n.as_any())?
+            } else {
+                if !has_special(&produced, "__len__") {
+                    return Err(type_error(
+                        &format!("outputs[{i}].{tokens_attr}"),
+                        "a sized container or an int",
+                        &produced,
+                    ));
+                }
+                let len = produced.len()?; // an error raised by __len__ propagates
+                i64::try_from(len).map_err(|_| invalid(format!("{len} tokens do not fit")))?
+            };
+            rids.push(rid);
+            toks.push(n);
+            Ok(())
+        };
+        if let Ok(list) = outputs.cast_exact::<PyList>() {
+            for (i, out) in list.iter().enumerate() {
+                read(i, out)?;
+            }
+        } else {
+            let iter = outputs
+                .try_iter()
+                .map_err(|_| type_error("outputs", "an iterable of output objects", outputs))?;
+            for (i, out) in iter.enumerate() {
+                let out = out?;
+                if i == limit {
+                    let mut g = self.lock(py)?;
+                    g.core.check_decode(&rids, Tokens::PerRequest(&toks))?;
+                    return Err(invalid(format!(
+                        "outputs has more than {limit} items, more than there are running requests"
+                    )));
+                }
+                read(i, out)?;
+            }
+        }
+        let mut g = self.lock(py)?;
+        decode_batch(py, &mut g.core, &rids, Tokens::PerRequest(&toks))
+    }
+
+    fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py)?.core.finish(rid)?;
+        Ok(())
+    }
+
+    fn cancel(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py)?.core.cancel(rid)?;
+        Ok(())
+    }
+
+    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py)?.core.preempt(rid)?;
+        Ok(())
+    }
+
+    fn peek(&self, py: Python<'_>) -> Result<Option<u64>> {
+        Ok(self.lock(py)?.core.peek())
+    }
+
+    fn set_aside(&self, py: Python<'_>) -> Result<Option<u64>> {
+        Ok(self.lock(py)?.core.set_aside())
+    }
+
+    fn put_back(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
+        let rid = request_id_arg(request_id)?;
+        self.lock(py)?.core.put_back(rid)?;
+        Ok(())
+    }
+
+    #[pyo3(signature = (cached_len = None))]
+    fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
+        // As in `vtc.reference`, `cached_len` is checked only when there is
+        // a request to pop: on an empty queue any argument returns None.
+        let cached = cached_len.map(|c| int_arg_sat("cached_len", c));
+        let mut g = self.lock(py)?;
+        if g.core.peek().is_none() {
+            return Ok(None);
+        }
+        let Some((v, int)) = cached.transpose()? else {
+            return Ok(g.core.pop_cached(None)?);
+        };
+        // A value outside i64 is outside [0, prompt_len] too: the core
+        // rejects its clamped stand-in, and the message names the real one.
+        let clamped = i64::try_from(v).unwrap_or(if v < 0 { -1 } else { i64::MAX });
+        g.core.pop_cached(Some(clamped)).map_err(|e| match e {
+            CoreError::InvalidCached { prompt_len, .. } if i128::from(clamped) != v => invalid(
+                format!("cached_len must be between 0 and prompt_len={prompt_len}, got {int}"),
+            ),
+            e => e.into(),
+        })
+    }
+}
