@@ -59,6 +59,26 @@ The rules
   request.  Preemption and ``put_back`` lift no band.  Two bands ``a, b``
   backlogged over an interval keep ``|V_a - V_b| <= 2 * max(wp * L_input,
   wq * M) / min(w_a, w_b)`` (``docs/priority.md``).
+* Locality (``locality_quantum=Q``, weighted tokens in counter units, a
+  finite number ``>= 0``; ``vtc`` and ``lcf`` only; docs/locality.md): once
+  the band is chosen and the least-key client ``k0`` in it found as above,
+  every client backlogged in that band (and not excluded by the cap) whose
+  ``counter <= counter[k0] + Q`` is a *candidate*, and the one whose head
+  request in the band has the longest cached prefix is taken, ties by the
+  plain key ``(counter, seq)``.  The cached prefix comes from the engine's
+  lookup (``set_prefix_lookup(fn)``): ``fn(request_id)`` returns how many of
+  that waiting request's tokens the engine holds now, an int in ``[0,
+  footprint]``; it is called once per candidate head per selection, in no
+  specified order, never for a request that is not a candidate, and never
+  when ``Q == 0`` or there is only one candidate; an answer of the wrong
+  type is a ``TypeError``, out of range an ``InvalidArgumentError``, and
+  that or the lookup's own exception propagates (from ``schedule()``, the
+  requests it admitted before stay admitted).  ``Q = 0``, or no lookup,
+  is plain VTC exactly.  Everything else (lift, charges, preemption order,
+  weights, band rules) is unchanged: the window only chooses among clients
+  the lift and the charges already placed.  Two clients ``f, g`` backlogged
+  over an interval keep ``|W_f - W_g| <= 2 * (max(wp * L_input, wq * M) /
+  min(w_f, w_g) + Q)`` in the engine model of ``tests/test_properties.py``.
 * ``set_aside()`` takes the request ``peek()`` names out of its client's queue
   without admitting or charging it (an engine skipped it); ``put_back(rid)``
   returns it to the head of its band's queue with its submit seq and without a
@@ -379,6 +399,7 @@ class Scheduler:
         client_cap: int | float | None = None,
         predictor: str | None = None,
         band_weights=None,
+        locality_quantum=0.0,
     ) -> None:
         M = _check_int("M", M, 1)
         if M > MAX_BUDGET:
@@ -420,6 +441,15 @@ class Scheduler:
                 if not 0.0 < f <= 1.0:
                     raise InvalidArgumentError(f"bad client_cap {client_cap!r}")
                 client_cap = max(1, math.floor(f * M))
+        q = _as_float("locality_quantum", locality_quantum)
+        if not (math.isfinite(q) and q >= 0.0):
+            raise InvalidArgumentError(f"locality_quantum must be a finite number >= 0, got {q!r}")
+        if q > 0.0 and policy == "fcfs":
+            raise InvalidArgumentError(
+                f"locality_quantum={q!r} needs a counter policy (vtc or lcf), not fcfs"
+            )
+        self.locality_quantum = q
+        self._prefix_lookup = None
         self.client_cap = client_cap
         self.M = M
         self.wp = self.cost.coef.get("wp", self.cost.coef.get("a_p"))
@@ -536,6 +566,17 @@ class Scheduler:
         for p, sh in self._shares.items():
             sh.inv_w = 1.0 / weights.get(p, 1.0)
 
+    def set_prefix_lookup(self, lookup) -> None:
+        """The engine's prefix-cache lookup for the locality window, or ``None``:
+        ``lookup(request_id)`` returns how many tokens of that waiting request the
+        engine holds cached now (an int in ``[0, prompt + generated]``).  The
+        scheduler calls it only for candidate heads, only when ``Q > 0``, and
+        stores nothing it returns; ``peek()`` and the ``pop()`` after it agree
+        as long as the answers do not change in between."""
+        if lookup is not None and not callable(lookup):
+            raise TypeError(f"lookup must be callable or None, got {lookup!r}")
+        self._prefix_lookup = lookup
+
     def band_weights(self) -> dict | None:
         return None if self._band_weights is None else dict(self._band_weights)
 
@@ -598,11 +639,35 @@ class Scheduler:
             band = min(bands)
         else:
             band = min(bands, key=lambda p: (self._shares[p].counter, p))
-        k = min(
-            (k for k in backlog if band in self._clients[k].bands),
-            key=lambda k: self._key(k, band),
-        )
+        in_band = [k for k in backlog if band in self._clients[k].bands]
+        k = min(in_band, key=lambda k: self._key(k, band))
+        if self.locality_quantum > 0.0 and self._prefix_lookup is not None:
+            k = self._closest(in_band, band, self._clients[k].counter + self.locality_quantum)
         return k, self._clients[k].bands[band][0]
+
+    def _closest(self, in_band, band, edge):
+        """The locality window: among the clients of ``in_band`` whose counter is
+        ``<= edge`` (the least counter + Q), the one whose head has the longest
+        cached prefix; ties by the plain key (counter, seq)."""
+        window = [k for k in in_band if self._clients[k].counter <= edge]
+        if len(window) == 1:
+            return window[0]
+
+        def key(k):
+            return (-self._hit(self._clients[k].bands[band][0]), *self._key(k, band))
+
+        return min(window, key=key)
+
+    def _hit(self, rid) -> int:
+        """The engine's cached prefix of waiting request ``rid``, checked."""
+        r = self._requests[rid]
+        hit = _as_int("prefix lookup", self._prefix_lookup(rid))
+        if not 0 <= hit <= r.prompt + r.generated:
+            raise InvalidArgumentError(
+                f"prefix lookup of request {rid} returned {hit}, outside "
+                f"[0, {r.prompt + r.generated}] (its prompt and generated tokens)"
+            )
+        return hit
 
     def _lift(self, k, band) -> None:
         """lift: a client entering a band never keeps credit banked while

@@ -1,0 +1,361 @@
+"""Locality VTC in the reference (issue 19, item 1; docs/locality.md).
+
+A quantum ``Q`` (``locality_quantum``) opens a window over the counters: any
+client backlogged in the chosen band whose counter is within ``Q`` of the
+least may be served, and the one whose head request has the longest cached
+prefix (the engine's ``set_prefix_lookup``) is.  ``Q = 0`` is plain VTC.
+
+The bound (docs/locality.md): in the engine model of ``test_properties.py``
+(admission reserves each request's whole output, nothing is preempted), two
+clients ``f, g`` backlogged over an interval keep
+``W_f - W_g`` within ``[-(G / w_g + Q), G / w_f + Q]``, where
+``G = max(wq * M, wp * L_input + wq * (M - L_input))`` (the paper's ``U`` when
+``wp <= wq``): ``f`` was last admitted with ``c_f <= c_min + Q <= c_g + Q``
+and is charged at most ``G / w_f`` after that.  So ``|W_f(t1, t2) -
+W_g(t1, t2)| <= 2 * (U / min(w_f, w_g) + Q)``, VTC's ``2U`` at ``Q = 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vtc
+from helpers import state
+from vtc import reference
+
+
+def _lookup_from(hits: dict):
+    calls = []
+
+    def lookup(rid):
+        calls.append(rid)
+        return hits.get(rid, 0)
+
+    return lookup, calls
+
+
+# -- configuration --------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [-1, -0.5, math.nan, math.inf, -math.inf])
+def test_a_bad_quantum_is_an_invalid_argument_naming_it(q):
+    with pytest.raises(vtc.InvalidArgumentError, match="locality_quantum") as e:
+        reference.Scheduler(100, locality_quantum=q)
+    assert repr(float(q)) in str(e.value)
+
+
+@pytest.mark.parametrize("q", ["1", None, True, [1]])
+def test_a_quantum_that_is_not_a_number_is_a_type_error(q):
+    with pytest.raises(TypeError, match="locality_quantum"):
+        reference.Scheduler(100, locality_quantum=q)
+
+
+def test_the_quantum_needs_a_counter_policy():
+    with pytest.raises(vtc.InvalidArgumentError, match="fcfs"):
+        reference.Scheduler(100, policy="fcfs", locality_quantum=5)
+    reference.Scheduler(100, policy="fcfs", locality_quantum=0)  # plain fcfs
+    assert reference.Scheduler(100, policy="lcf", locality_quantum=5).locality_quantum == 5.0
+
+
+def test_the_lookup_must_be_callable():
+    s = reference.Scheduler(100, locality_quantum=5)
+    with pytest.raises(TypeError, match="callable"):
+        s.set_prefix_lookup(3)
+    s.set_prefix_lookup(None)
+
+
+BAD_HITS = [(-1, vtc.InvalidArgumentError), (11, vtc.InvalidArgumentError),
+            (1.5, TypeError), ("3", TypeError)]  # fmt: skip
+
+
+@pytest.mark.parametrize("bad, err", BAD_HITS)
+def test_a_bad_hit_is_an_error_naming_the_request(bad, err):
+    s = reference.Scheduler(100, locality_quantum=50)
+    s.submit(1, "a", 10)
+    s.submit(2, "b", 10)
+    s.set_prefix_lookup(lambda rid: bad if rid == 2 else 0)
+    with pytest.raises(err):
+        s.peek()
+    s.set_prefix_lookup(lambda rid: 10)  # the whole prompt is in range
+    assert s.peek() == 1
+
+
+# -- the rule ---------------------------------------------------------------
+
+
+def _two_clients(Q, hits):
+    """a at counter 0 and b at counter 30, one waiting request each."""
+    s = reference.Scheduler(1000, 1.0, 2.0, locality_quantum=Q)
+    s.raise_counter("b", 30)
+    s.submit(1, "a", 10)
+    s.submit(2, "b", 10)
+    lookup, calls = _lookup_from(hits)
+    s.set_prefix_lookup(lookup)
+    return s, calls
+
+
+def test_within_the_window_the_longest_cached_prefix_wins():
+    s, calls = _two_clients(30, {1: 0, 2: 8})
+    assert s.peek() == 2
+    assert sorted(calls) == [1, 2]  # every candidate head, once
+    assert s.pop(8) == 2
+
+
+def test_outside_the_window_the_least_counter_wins_and_is_not_looked_up():
+    s, calls = _two_clients(29.5, {1: 0, 2: 8})
+    assert s.peek() == 1
+    assert calls == []  # one candidate: nothing to compare
+
+
+def test_equal_hits_fall_back_to_the_plain_key():
+    s, _ = _two_clients(100, {1: 4, 2: 4})
+    assert s.peek() == 1
+    s, _ = _two_clients(100, {})
+    assert s.peek() == 1
+
+
+def test_only_each_clients_head_is_a_candidate():
+    s = reference.Scheduler(1000, locality_quantum=100)
+    s.submit(1, "a", 10)
+    s.submit(2, "a", 10)
+    s.submit(3, "b", 10)
+    lookup, calls = _lookup_from({2: 9, 3: 1})
+    s.set_prefix_lookup(lookup)
+    assert s.peek() == 3  # a's second request is not a candidate
+    assert sorted(calls) == [1, 3]
+
+
+def test_zero_quantum_never_calls_the_lookup():
+    s, calls = _two_clients(0, {2: 8})
+    s.raise_counter("a", 30)  # a tie at the least counter: plain VTC (seq)
+    assert s.peek() == 1
+    assert calls == []
+
+
+def test_strict_bands_keep_working_the_window_is_inside_the_urgent_band():
+    s = reference.Scheduler(1000, locality_quantum=1000)
+    s.submit(1, "a", 10, priority=1)
+    s.submit(2, "b", 10, priority=1)
+    s.submit(3, "c", 10, priority=0)
+    s.submit(4, "d", 10, priority=0)
+    s.set_prefix_lookup({1: 9, 2: 9, 3: 0, 4: 5}.get)
+    assert s.peek() == 4  # band 0 goes first; in it, d's longer hit
+    s.pop(5)
+    assert s.peek() == 3
+    s.pop()
+    assert s.peek() == 1  # then band 1: equal hits, the plain key
+
+
+def test_weighted_bands_keep_their_rule_and_the_window_applies_inside():
+    s = reference.Scheduler(1000, locality_quantum=1000, band_weights={0: 1, 1: 1})
+    s.submit(1, "a", 10, priority=0)
+    s.submit(4, "a", 10, priority=0)
+    s.submit(2, "b", 10, priority=1)
+    s.submit(3, "c", 10, priority=1)
+    s.set_prefix_lookup({1: 0, 4: 0, 2: 0, 3: 9}.get)
+    assert s.peek() == 1  # both band counters 0: priority 0 first, whatever the hits
+    s.pop()
+    assert s.peek() == 3  # band 1 now has the least band counter; c's hit wins in it
+
+
+def test_the_per_client_cap_still_applies():
+    s = reference.Scheduler(1000, client_cap=15, locality_quantum=1000)
+    for rid, c in ((1, "a"), (2, "a"), (3, "b")):
+        s.submit(rid, c, 10)
+    s.set_prefix_lookup({1: 9, 2: 9, 3: 0}.get)
+    assert s.schedule() == [1, 3]  # a's second request is over its cap
+
+
+# -- Q = 0 (and no lookup) is plain VTC, bit for bit ------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("mode", ["zero quantum", "no lookup"])
+def test_without_a_window_the_reference_is_the_core(seed, mode):
+    rng = random.Random(seed)
+    M = rng.choice([64, 500])
+    core = vtc.Scheduler(M, 1.0, 2.0, "vtc")
+    if mode == "zero quantum":
+        ref = reference.Scheduler(M, 1.0, 2.0, "vtc", locality_quantum=0.0)
+        ref.set_prefix_lookup(lambda rid: pytest.fail("the lookup was called at Q = 0"))
+    else:
+        ref = reference.Scheduler(M, 1.0, 2.0, "vtc", locality_quantum=M)
+    live: list[int] = []
+    for rid in range(400):
+        op = rng.random()
+        if op < 0.45:
+            p = rng.randint(1, M // 2)
+            args = (rid, rng.randrange(5), p, None, None, rng.choice([0, 0, 1]))
+            for s in (core, ref):
+                s.submit(*args)
+            live.append(rid)
+        elif op < 0.65:
+            assert core.schedule() == ref.schedule()
+        elif op < 0.85:
+            try:
+                v = core.decode()
+            except vtc.CapacityError:
+                with pytest.raises(vtc.CapacityError):
+                    ref.decode()
+                r = core.running()[0]
+                core.finish(r)
+                ref.finish(r)
+            else:
+                assert ref.decode() == v
+        elif live:
+            r = live.pop(rng.randrange(len(live)))
+            st_ = core.status(r)
+            if st_ == "running":
+                core.finish(r)
+                ref.finish(r)
+            elif st_ is not None:
+                core.cancel(r)
+                ref.cancel(r)
+        assert state(core) == state(ref)
+
+
+# -- the bound --------------------------------------------------------------
+
+
+@st.composite
+def overload(draw):
+    M = draw(st.sampled_from([64, 128, 256, 512]))
+    wp = draw(st.sampled_from([1.0, 0.5, 2.0]))
+    wq = draw(st.sampled_from([2.0, 1.0, 4.0]))
+    n_clients = draw(st.integers(2, 4))
+    weights = draw(
+        st.lists(st.sampled_from([1.0, 1.0, 2.0, 0.5]), min_size=n_clients, max_size=n_clients)
+    )
+    max_prompt = draw(st.integers(1, M // 2))
+    max_output = draw(st.integers(1, M - max_prompt))
+    q_over_u = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 4.0]))
+    hits = draw(st.sampled_from(["random", "favourite", "per request"]))
+    period = draw(st.sampled_from([5, 20, 60, 150]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    policy = draw(st.sampled_from(["vtc", "lcf"]))
+    return M, wp, wq, weights, max_prompt, max_output, q_over_u, hits, period, seed, policy
+
+
+def _run_backlogged(M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy,
+                    steps=300):  # fmt: skip
+    """Every client permanently backlogged, the engine model of test_properties.py
+    (peek, pop while the whole reserved output fits, decode(ids, 1)); the engine's
+    hits as ``hits`` says. Returns the spread (hi - lo) of W_f - W_g per pair and L_input."""
+    rng = random.Random(seed)
+    s = reference.Scheduler(M, wp, wq, policy, locality_quantum=Q)
+    clients = list(range(len(weights)))
+    for c, w in zip(clients, weights):
+        s.set_weight(c, w)
+    prompts: dict[int, int] = {}
+    outputs: dict[int, int] = {}
+    owner: dict[int, int] = {}
+    fixed: dict[int, int] = {}
+    waiting = dict.fromkeys(clients, 0)
+    now: dict[int, int] = {}  # this round's answers: peek and pop must agree
+    step = [0]
+
+    def lookup(rid):
+        if hits == "per request":
+            return fixed[rid]
+        if hits == "favourite":  # one client's prefixes are cached, in turn
+            fav = clients[(step[0] // period) % len(clients)]
+            return prompts[rid] if owner[rid] == fav else 0
+        if rid not in now:
+            now[rid] = rng.randint(0, prompts[rid])
+        return now[rid]
+
+    s.set_prefix_lookup(lookup)
+    rid = 0
+    L_input = 0
+    depth = M + 2  # one admission round can never drain a client's queue
+
+    def top_up():
+        nonlocal rid, L_input
+        for c in clients:
+            while waiting[c] < depth:
+                rid += 1
+                p = rng.randint(1, max_prompt)
+                L_input = max(L_input, p)
+                s.submit(rid, c, p)
+                prompts[rid], outputs[rid], owner[rid] = p, rng.randint(1, max_output), c
+                fixed[rid] = rng.randint(0, p)
+                waiting[c] += 1
+
+    top_up()
+    lo = {(f, g): 0.0 for f in clients for g in clients if f < g}
+    hi = dict(lo)
+    running: list[int] = []
+    generated: dict[int, int] = {}
+    reserved = 0
+    for step[0] in range(steps):
+        now.clear()
+        while (nxt := s.peek()) is not None and reserved + prompts[nxt] + outputs[nxt] <= M:
+            assert s.pop(lookup(nxt)) == nxt
+            reserved += prompts[nxt] + outputs[nxt]
+            running.append(nxt)
+            generated[nxt] = 0
+            waiting[owner[nxt]] -= 1
+        assert min(waiting.values()) > 0  # every client stayed backlogged
+        s.decode(running, 1)
+        for r in running:
+            generated[r] += 1
+        for r in [r for r in running if generated[r] == outputs[r]]:
+            s.finish(r)
+            running.remove(r)
+            reserved -= prompts[r] + outputs[r]
+        top_up()
+        W = s.services()
+        assert W == s.counters()  # no lift, no credit: service is the counter
+        for f, g in lo:
+            d = W[f] - W[g]
+            lo[f, g] = min(lo[f, g], d)
+            hi[f, g] = max(hi[f, g], d)
+    return lo, hi, L_input
+
+
+def _g(wp, wq, M, L_input):
+    """The charge a client can take after its last admission (test_properties.py):
+    the paper's U = max(wp * L_input, wq * M) when wp <= wq."""
+    return max(wq * M, wp * L_input + wq * (M - L_input))
+
+
+@settings(max_examples=120, deadline=None)
+@given(overload())
+def test_backlogged_clients_stay_within_the_locality_bound(params):
+    """For every pair, W_f - W_g stays in [-(G/w_g + Q), G/w_f + Q] at every step,
+    so over any interval |W_f - W_g| <= G/w_f + G/w_g + 2Q <= 2 (U / min w + Q)."""
+    M, wp, wq, weights, max_prompt, max_output, q_over_u, hits, period, seed, policy = params
+    U = _g(wp, wq, M, max_prompt) / min(weights)
+    Q = q_over_u * U
+    lo, hi, L_input = _run_backlogged(
+        M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy
+    )
+    G = _g(wp, wq, M, L_input)
+    for (f, g), top in hi.items():
+        assert top <= G / weights[f] + Q + 1e-6, ((f, g), top, G / weights[f] + Q)
+        assert -lo[f, g] <= G / weights[g] + Q + 1e-6, ((f, g), lo[f, g], G / weights[g] + Q)
+        assert top - lo[f, g] <= 2 * (G / min(weights[f], weights[g]) + Q) + 1e-6
+
+
+def test_the_quantum_term_is_needed():
+    """A cache that favours each client in turn drives the gap to about 2Q: past
+    VTC's 2U, and past 2U + Q too, so the bound needs 2Q and 2 (U + Q) is tight
+    in Q. (This engine's G is the paper's U: wp <= wq.)"""
+    M, wp, wq = 128, 1.0, 2.0
+    U = _g(wp, wq, M, 32)
+    spread = {}
+    for q_over_u in (0.0, 1.0, 4.0):
+        Q = q_over_u * U
+        lo, hi, L_input = _run_backlogged(
+            M, wp, wq, [1.0, 1.0], 32, 8, Q, "favourite", 400, 1, "vtc", steps=800
+        )
+        assert hi[0, 1] - lo[0, 1] <= 2 * (_g(wp, wq, M, L_input) + Q) + 1e-6
+        spread[q_over_u] = hi[0, 1] - lo[0, 1]
+    assert spread[0.0] <= 2 * U
+    assert spread[1.0] > 2 * U
+    assert spread[4.0] > 2 * U + 4 * U
