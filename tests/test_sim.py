@@ -420,6 +420,28 @@ def test_locality_lpm_reuses_vtc_stays_fair_and_unique_prompts_gain_nothing():
         assert 0 < cache.peak <= cache.capacity == 16384
 
 
+def test_locality_window_rows_run_the_reference_with_the_cache_lookup():
+    """Locality VTC (vtc.reference, locality_quantum=Q) gets more hits than VTC on
+    shared prefixes, stays within its bound 2(U + Q) here, and loses nothing
+    when nothing is shared."""
+    report = X.locality(opts(steps=3000))
+    assert [t.name for t in report.tables] == ["locality", "locality-window"]
+    rows = {(r["workload"], r["scheduler"]): r for r in report.tables[1].rows}
+    assert len(rows) == 10
+    for workload in ("prefix-heavy", "no-sharing"):
+        base = rows[workload, "vtc"]
+        assert base["Q"] == 0 and base["speedup"] == 1.0
+        for label in ("U/4", "U/2", "U", "2U"):
+            row = rows[workload, f"vtc Q={label}"]
+            assert row["drift_over_bound"] <= 1.0
+            assert math.isclose(row["bound_over_2U"], 1 + row["Q"] / 32768)
+            assert row["speedup"] >= 0.99
+            assert math.isclose(sum(row["shares"]), 1.0)
+            if workload == "prefix-heavy":
+                assert row["hit_rate"] > base["hit_rate"] + 0.2
+                assert row["speedup"] > 1.1
+
+
 # -- reporting and the command line ---------------------------------------------
 
 

@@ -392,9 +392,12 @@ class Engine:
             rid = sched.peek()
             if rid is None or sched.occupancy + prompt[rid] + generated[rid] > M:
                 break
-            h = min(cache.acquire(self.chains(rid)), prompt[rid] - 1)
+            # the hit before acquire() inserts anything: a scheduler that looks
+            # hits up (LPM, locality VTC) then sees in pop() what peek() saw
+            h = min(cache.lookup(self.chains(rid)), prompt[rid] - 1)
             if sched.pop(cached_len=h) != rid:
                 raise RuntimeError(f"pop() did not admit request {rid}, which peek() named")
+            cache.acquire(self.chains(rid))
             k = owner[rid]
             waiting[k] -= 1
             n = prompt[rid] + generated[rid] - h
@@ -481,7 +484,9 @@ def simulate(
     from it, at admission, instead of ``cached``); a scheduler with a
     ``use_prefix_lookup`` method gets the engine's :meth:`Engine.lookup` and
     :meth:`Engine.prefix_of` through it (the longest-prefix-match baseline,
-    :mod:`vtc.sim.baselines`, orders its queue by them).
+    :mod:`vtc.sim.baselines`, orders its queue by them), and one with a
+    ``set_prefix_lookup`` method (``vtc.reference.Scheduler``, whose locality
+    window uses it when ``locality_quantum > 0``) gets :meth:`Engine.lookup`.
     ``prefill_time`` is the time one computed prompt token adds to its step
     (module docstring); requests arrive by that clock.
     """
@@ -508,6 +513,9 @@ def simulate(
         hook = getattr(sched, "use_prefix_lookup", None)
         if hook is not None:
             hook(engine.lookup, engine.prefix_of)
+        hook = getattr(sched, "set_prefix_lookup", None)
+        if hook is not None:  # locality VTC (vtc.reference, locality_quantum=Q)
+            hook(engine.lookup)
 
     def submit(rid: int) -> None:
         extra = {}

@@ -837,6 +837,8 @@ def locality(
     prompt tokens computed; ``hit_rate`` the fraction of the prompt tokens
     admissions needed that the cache gave; drift the largest gap of charged
     service between two tenants while both were backlogged, over ``2U``.
+    A second table, ``locality-window``, has locality VTC at several ``Q``
+    (:func:`_locality_window`).
     """
     from vtc.sim.baselines import lpm_scheduler
 
@@ -850,10 +852,6 @@ def locality(
         "no-sharing": [dataclasses.replace(r, prefix=()) for r in shared],
     }
     runs = [("fcfs", "fcfs", None), ("lpm", "lpm", lpm_scheduler), ("vtc", "vtc", None)]
-    # Locality VTC (VTC with a quantum Q: any backlogged tenant within Q of the
-    # least counter may be served, longest cached prefix first; Q = 0 is plain
-    # VTC) goes here, rows "vtc Q=..." per quantum, once the core has the Q
-    # window (issue 19, item 1). It is not built yet.
     table = Table(
         "locality",
         f"Prefix cache of {capacity:,} tokens, LRU (M={M:,}, {steps:,} steps, a computed "
@@ -906,7 +904,102 @@ def locality(
                 }
             )
             panels.append(Panel(f"{name}: {label}", res))
-    return Report([table], panels)
+    window = _locality_window(opts, gens, table, steps, M, capacity, prefill_time)
+    return Report([table, window], panels)
+
+
+LOCALITY_QUANTA = ((0.25, "U/4"), (0.5, "U/2"), (1.0, "U"), (2.0, "2U"))
+
+
+def _locality_window(
+    opts: Options, gens: dict, plain: Table, steps: int, M: int, capacity: int, prefill_time: float
+) -> Table:
+    """Locality VTC (issue 19, item 1): VTC with a quantum ``Q`` of the counters
+    within which the longest cached prefix wins, at ``Q`` = U/4 .. 2U.  The core
+    does not have the window yet: these runs drive the pure-Python reference
+    (``vtc.reference.Scheduler(locality_quantum=Q)``) with the engine's cache
+    lookup as its ``set_prefix_lookup``.  The bound is ``2 (U + Q)``
+    (docs/locality.md); ``Q = 0`` is the plain VTC row of the ``locality`` table."""
+    from functools import partial
+
+    from vtc.sim.engine import reference_scheduler
+
+    table = Table(
+        "locality-window",
+        "Locality VTC: a tenant within Q of the least counter may be served, longest cached "
+        "prefix first (vtc.reference; the core has no window yet); bound 2(U + Q); speedup "
+        "in requests per unit of time over VTC",
+        [
+            "workload",
+            "scheduler",
+            "Q",
+            "requests_per_kt",
+            "speedup",
+            "tokens_per_t",
+            "prefill",
+            "hit_rate",
+            "max_drift",
+            "drift_over_2U",
+            "bound_over_2U",
+            "drift_over_bound",
+            "shares",
+        ],
+    )
+    vtc_rows = {r["workload"]: r for r in plain.rows if r["scheduler"] == "vtc"}
+    for name, reqs in gens.items():
+        base = vtc_rows[name]
+        U = metrics.bound_u(opts.wp, opts.wq, M, max(r.prompt_len for r in reqs))
+        table.rows.append(
+            {
+                "workload": name,
+                "scheduler": "vtc",
+                "Q": 0.0,
+                "requests_per_kt": base["requests_per_kt"],
+                "speedup": 1.0,
+                "tokens_per_t": base["tokens_per_t"],
+                "prefill": base["prefill"],
+                "hit_rate": base["hit_rate"],
+                "max_drift": base["max_drift"],
+                "drift_over_2U": base["drift_over_2U"],
+                "bound_over_2U": 1.0,
+                "drift_over_bound": base["drift_over_2U"],
+                "shares": base["shares"],
+            }
+        )
+        for frac, label in LOCALITY_QUANTA:
+            Q = frac * U
+            res = opts.run(
+                f"locality {name} vtc Q={label}",
+                reqs,
+                steps,
+                M=M,
+                policy="vtc",
+                cache=PrefixCache(capacity),
+                prefill_time=prefill_time,
+                factory=partial(reference_scheduler, locality_quantum=Q),
+            )
+            done = sum(1 for f in res.finish if f >= 0)
+            drift = metrics.max_pair_drift(res)
+            share = metrics.shares(res)
+            bound = 2 * (metrics.result_u(res) + Q)
+            table.rows.append(
+                {
+                    "workload": name,
+                    "scheduler": f"vtc Q={label}",
+                    "Q": Q,
+                    "requests_per_kt": 1000 * done / res.elapsed,
+                    "speedup": 1000 * done / res.elapsed / base["requests_per_kt"],
+                    "tokens_per_t": res.work[-1] / res.elapsed,
+                    "prefill": sum(res.prefilled),
+                    "hit_rate": res.hit_rate,
+                    "max_drift": drift,
+                    "drift_over_2U": drift / (2 * metrics.result_u(res)),
+                    "bound_over_2U": bound / (2 * metrics.result_u(res)),
+                    "drift_over_bound": drift / bound,
+                    "shares": [share[c] for c in res.clients],
+                }
+            )
+    return table
 
 
 EXPERIMENTS: dict[str, Callable[[Options], Report]] = {
