@@ -345,6 +345,23 @@ def _check_int(name: str, value, minimum: int) -> int:
     return value
 
 
+def _check_tokens(value) -> int:
+    """A decode call's token count: an int in ``[0, MAX_TOKENS_PER_CALL]``."""
+    t = _check_int("tokens", value, 0)
+    if t > MAX_TOKENS_PER_CALL:
+        raise InvalidArgumentError(f"tokens {t} exceeds {MAX_TOKENS_PER_CALL}")
+    return t
+
+
+def _check_length(r, t: int) -> None:
+    """Request ``r`` may generate ``t`` more tokens without passing MAX_REQUEST_TOKENS."""
+    if r.generated + t > MAX_REQUEST_TOKENS:
+        raise InvalidArgumentError(
+            f"request {r.rid} would have generated {r.generated + t} tokens, "
+            f"more than {MAX_REQUEST_TOKENS} (2**54)"
+        )
+
+
 def _check_request_id(rid) -> int:
     rid = _as_int("request_id", rid)
     if not 0 <= rid < 2**64:
@@ -944,46 +961,30 @@ class Scheduler:
             if r.rid in seen:
                 raise InvalidArgumentError(f"request {r.rid} appears twice in one decode call")
             seen.add(r.rid)
-            t = _check_int("tokens", t, 0)
-            if t > MAX_TOKENS_PER_CALL:
-                raise InvalidArgumentError(f"tokens {t} exceeds {MAX_TOKENS_PER_CALL}")
-            if r.generated + t > MAX_REQUEST_TOKENS:
-                raise InvalidArgumentError(
-                    f"request {r.rid} would have generated {r.generated + t} tokens, "
-                    f"more than {MAX_REQUEST_TOKENS} (2**54)"
-                )
+            t = _check_tokens(t)
+            _check_length(r, t)
             reqs.append((r, t))
         if more:  # not reached: more ids than running ones hold an error above
             raise InvalidArgumentError(
                 f"request_ids has more than {len(rids)} items, more than there are running requests"
             )
-        per_client: dict = {}
-        per_band: dict = {}
-        for r, t in reqs:
-            self._add_tokens(per_client, r, t)
-            self._add_band_tokens(per_band, r, t)
-            r.generated += t
-            self.occupancy += t
-        self._charge_tokens(per_client)
-        self._charge_bands(per_band)
+        self._charge_decoded(reqs)
         return []
 
     def decode_all(self, tokens=None) -> None:
         """Engine form, uniform: every running request generated ``tokens`` (default 1)."""
-        t = 1 if tokens is None else _check_int("tokens", tokens, 0)
-        if t > MAX_TOKENS_PER_CALL:
-            raise InvalidArgumentError(f"tokens {t} exceeds {MAX_TOKENS_PER_CALL}")
+        t = 1 if tokens is None else _check_tokens(tokens)
         running = [self._requests[x] for x in self._running]
         running.sort(key=lambda r: r.admit_seq)  # checked in admission order
         for r in running:
-            if r.generated + t > MAX_REQUEST_TOKENS:
-                raise InvalidArgumentError(
-                    f"request {r.rid} would have generated {r.generated + t} tokens, "
-                    f"more than {MAX_REQUEST_TOKENS} (2**54)"
-                )
+            _check_length(r, t)
+        self._charge_decoded([(r, t) for r in running])
+
+    def _charge_decoded(self, reqs: list) -> None:
+        """Charge checked ``(request, tokens)`` pairs of one decode call."""
         per_client: dict = {}
         per_band: dict = {}
-        for r in running:
+        for r, t in reqs:
             self._add_tokens(per_client, r, t)
             self._add_band_tokens(per_band, r, t)
             r.generated += t
