@@ -352,41 +352,23 @@ class Engine:
 
     def admit(self, t: int) -> None:
         """Step ``t``, 2.: ``schedule()`` admits under the KV budget."""
-        (owner, prompt, hit, output, first_admit, stint, generated, _, _,
-         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
         if self.cache is not None:
             self._admit_cached(t)
             return
-        wp, sched = self.wp, self.sched
-        prefilled, reused = self.ledger.prefilled, self.ledger.reused
+        hit = self.ledger.hit
         computed = 0
-        for rid in sched.schedule():
-            k = owner[rid]
-            waiting[k] -= 1
-            n = prompt[rid] + generated[rid] - hit[rid]
-            prefilled[rid] += n
-            reused[rid] += hit[rid]
-            computed += n
-            if first_admit[rid] < 0:
-                first_admit[rid] = t
-                self.work += wp * prompt[rid]
-                if inv_w is not None:
-                    given[k] += wp * (prompt[rid] - hit[rid]) * inv_w[k]
-            running[k] += 1
-            stint[rid] = t
-            f = t + output[rid] - generated[rid] - 1
-            due[rid] = f
-            heapq.heappush(heap, (f, rid))
-        self.occupancy_sum += sched.occupancy
+        for rid in self.sched.schedule():
+            computed += self._started(t, rid, hit[rid])
+        self.occupancy_sum += self.sched.occupancy
         self.step_prefill = computed
 
     def _admit_cached(self, t: int) -> None:
         """:meth:`admit` through the prefix cache: ``peek()``, the KV check
         ``schedule()`` would make (no skipping), the cache's hit, ``pop(cached_len)``."""
-        (owner, prompt, hit, output, first_admit, stint, generated, _, _,
-         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
-        wp, sched, cache, M = self.wp, self.sched, self.cache, self.ledger.M
-        prefilled, reused = self.ledger.prefilled, self.ledger.reused
+        ledger = self.ledger
+        prompt, generated = ledger.prompt, ledger.generated
+        hit, first_admit = ledger.hit, ledger.first_admit
+        sched, M = self.sched, ledger.M
         computed = 0
         while True:
             rid = sched.peek()
@@ -394,29 +376,37 @@ class Engine:
                 break
             # the hit before acquire() inserts anything: a scheduler that looks
             # hits up (LPM, locality VTC) then sees in pop() what peek() saw
-            h = min(cache.lookup(self.chains(rid)), prompt[rid] - 1)
+            h = self.lookup(rid)
             if sched.pop(cached_len=h) != rid:
                 raise RuntimeError(f"pop() did not admit request {rid}, which peek() named")
-            cache.acquire(self.chains(rid))
-            k = owner[rid]
-            waiting[k] -= 1
-            n = prompt[rid] + generated[rid] - h
-            prefilled[rid] += n
-            reused[rid] += h
-            computed += n
+            self.cache.acquire(self.chains(rid))
             if first_admit[rid] < 0:
-                first_admit[rid] = t
-                hit[rid] = h
-                self.work += wp * prompt[rid]
-                if inv_w is not None:
-                    given[k] += wp * (prompt[rid] - h) * inv_w[k]
-            running[k] += 1
-            stint[rid] = t
-            f = t + output[rid] - generated[rid] - 1
-            due[rid] = f
-            heapq.heappush(heap, (f, rid))
+                hit[rid] = h  # a request's hit as charged is its first admission's
+            computed += self._started(t, rid, h)
         self.occupancy_sum += sched.occupancy
         self.step_prefill = computed
+
+    def _started(self, t: int, rid: int, h: int) -> int:
+        """Request ``rid`` was admitted at step ``t`` with ``h`` prompt tokens cached:
+        the bookkeeping of both admission paths; returns the tokens it computes."""
+        (owner, prompt, _, output, first_admit, stint, generated, _, _,
+         waiting, running, given, inv_w, due, heap) = self._refs  # fmt: skip
+        k = owner[rid]
+        waiting[k] -= 1
+        n = prompt[rid] + generated[rid] - h
+        self.ledger.prefilled[rid] += n
+        self.ledger.reused[rid] += h
+        if first_admit[rid] < 0:
+            first_admit[rid] = t
+            self.work += self.wp * prompt[rid]
+            if inv_w is not None:
+                given[k] += self.wp * (prompt[rid] - h) * inv_w[k]
+        running[k] += 1
+        stint[rid] = t
+        f = t + output[rid] - generated[rid] - 1
+        due[rid] = f
+        heapq.heappush(heap, (f, rid))
+        return n
 
     def run(self, t: int) -> None:
         """Step ``t``, 3. and 4.: ``decode()`` (preempted ids first), then the finishes."""
