@@ -185,17 +185,22 @@ impl Shares {
         }
     }
 
+    /// The share of band `priority`, which has a live request.
+    #[inline]
+    fn live_share(&mut self, priority: i64) -> &mut Share {
+        self.get_mut(priority)
+            .expect("a live request's band has a share")
+    }
+
     /// A running request of band `priority` enters or leaves the running set.
     #[inline]
     pub fn enter_running(&mut self, priority: i64, prompt: u64, gen: u64) {
-        let i = self.slot(priority).expect("a live request's band has a share");
-        self.live[i].run.enter(prompt, gen);
+        self.live_share(priority).run.enter(prompt, gen);
     }
 
     #[inline]
     pub fn leave_running(&mut self, priority: i64, prompt: u64, gen: u64) {
-        let i = self.slot(priority).expect("a live request's band has a share");
-        self.live[i].run.leave(prompt, gen);
+        self.live_share(priority).run.leave(prompt, gen);
     }
 
     /// Charge every touched band its decode call's sums.

@@ -8,7 +8,10 @@ fn the_defaults_are_the_plain_constructors() {
     let t = Scheduler::new(1000, 1.0, 2.0, Policy::Vtc).unwrap();
     assert_eq!(s.config(), t.config());
     assert_eq!(s.cost(), Cost::LINEAR);
-    assert_eq!((s.policy(), s.predictor(), s.client_cap()), (Policy::Vtc, Predictor::None, None));
+    assert_eq!(
+        (s.policy(), s.predictor(), s.client_cap()),
+        (Policy::Vtc, Predictor::None, None)
+    );
     assert_eq!(s.band_weights(), None);
 }
 
@@ -36,7 +39,10 @@ fn the_cap_rule_lives_in_the_core() {
     assert_eq!(ClientCap::Fraction(1.0).tokens(m), Ok(1000));
     assert_eq!(ClientCap::Fraction(1e-9).tokens(m), Ok(1)); // at least one token
     assert_eq!(ClientCap::Tokens(5000).tokens(m), Ok(1000)); // above M is M
-    assert_eq!(ClientCap::Tokens(0).tokens(m), Err(CoreError::InvalidClientCap(0)));
+    assert_eq!(
+        ClientCap::Tokens(0).tokens(m),
+        Err(CoreError::InvalidClientCap(0))
+    );
     for bad in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
         assert!(matches!(
             ClientCap::Fraction(bad).tokens(m),
@@ -56,14 +62,29 @@ fn the_first_bad_value_in_a_fixed_order_is_the_error() {
         ..Config::new(1)
     };
     assert_eq!(all_bad.validate(), Err(CoreError::InvalidBudget(0)));
-    let c = Config { budget: 10, ..all_bad };
-    assert!(matches!(c.validate(), Err(CoreError::InvalidTokenWeight { name: "wp", .. })));
-    let c = Config { cost: Cost::LINEAR, ..c };
+    let c = Config {
+        budget: 10,
+        ..all_bad
+    };
+    assert!(matches!(
+        c.validate(),
+        Err(CoreError::InvalidTokenWeight { name: "wp", .. })
+    ));
+    let c = Config {
+        cost: Cost::LINEAR,
+        ..c
+    };
     assert_eq!(c.validate(), Err(CoreError::InvalidCapFraction(2.0)));
-    let c = Config { client_cap: None, ..c };
+    let c = Config {
+        client_cap: None,
+        ..c
+    };
     assert_eq!(c.validate(), Err(CoreError::InvalidWeight(0.0)));
     assert!(Scheduler::with_config(&c).is_err());
-    let c = Config { band_weights: None, ..c };
+    let c = Config {
+        band_weights: None,
+        ..c
+    };
     assert!(c.validate().is_ok() && Scheduler::with_config(&c).is_ok());
 }
 
@@ -72,6 +93,9 @@ fn costs_by_name() {
     assert_eq!(Cost::named("linear"), Ok(Cost::LINEAR));
     assert_eq!(Cost::named("quadratic"), Ok(Cost::PAPER_QUADRATIC));
     assert_eq!(Cost::named("context"), Ok(Cost::CONTEXT));
-    assert_eq!(Cost::named("cubic"), Err(CoreError::UnknownCost("cubic".into())));
+    assert_eq!(
+        Cost::named("cubic"),
+        Err(CoreError::UnknownCost("cubic".into()))
+    );
     assert_eq!(Cost::default(), Cost::LINEAR);
 }

@@ -138,7 +138,10 @@ fn decode_all_refuses_bad_counts_and_changes_nothing() {
     s.pop().unwrap();
     s.pop().unwrap();
     let before = observe(&s, &[x]);
-    assert!(matches!(s.decode_all(-1), Err(CoreError::NegativeTokens(-1))));
+    assert!(matches!(
+        s.decode_all(-1),
+        Err(CoreError::NegativeTokens(-1))
+    ));
     let too_many = MAX_TOKENS_PER_CALL as i64 + 1;
     assert!(matches!(
         s.decode_all(too_many),

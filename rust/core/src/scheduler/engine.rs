@@ -42,7 +42,7 @@ impl Scheduler {
         r.admit_seq = admit_seq;
         let rid = r.rid;
         let fp = r.footprint(0); // not running yet: the plain count
-        // A preempted request that comes back already paid for its prompt.
+                                 // A preempted request that comes back already paid for its prompt.
         let (mut prompt_tokens, mut decode_tokens) = (0, 0);
         let charge = if r.prefill_paid {
             None

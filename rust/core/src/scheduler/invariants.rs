@@ -287,7 +287,10 @@ impl Scheduler {
             }
             predicting += usize::from(r.predicted > g);
             if g > self.gen_hi {
-                return Err(format!("request {} generated {g} > gen_hi {}", r.rid, self.gen_hi));
+                return Err(format!(
+                    "request {} generated {g} > gen_hi {}",
+                    r.rid, self.gen_hi
+                ));
             }
         }
         if predicting != self.n_predicting {

@@ -47,11 +47,11 @@ pub use request::{RequestState, Tokens};
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};
+use crate::config::check_band_weights;
 use crate::config::{ClientCap, Config};
 use crate::cost::{Cost, Pending, RunSums};
 use crate::error::{CoreError, Result};
 use crate::heap::NOT_IN_HEAP;
-use crate::config::check_band_weights;
 use crate::limits::weight_ok;
 use request::{IdMap, Request, Slot};
 
