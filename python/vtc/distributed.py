@@ -198,7 +198,8 @@ def stored_number(raw: Any) -> float | None:
 
 
 # The whole sync, atomically, in one round trip.  ARGV: prefix, replica, known epoch,
-# incarnation, full, liveness_ms, keep_ms, seq, base, MAX_COUNTER, then six lists, each
+# incarnation, full, liveness_ms, keep_ms, seq, base, MAX_COUNTER, the glob pattern of the
+# namespace's keys (escaped: dropped when one holds the wrong type), then six lists, each
 # one JSON array of strings: services (tenant, amount, ...), hints (tenant, value, ...),
 # adds, keeps, removes, pulls.  The reply: 'ok', the epoch, the floor, and the pulled
 # counters as one string, comma-separated ('' for none).  One argument per list and one
@@ -225,6 +226,35 @@ local function num(s)
   if x == nil or x ~= x or x < 0 or x > MAXV then return nil end
   return x
 end
+
+-- a key that holds another type (a hand edit, another program) would fail every call of
+-- every replica with WRONGTYPE.  Losing that key alone would leave the others inconsistent
+-- (a waiting set without its refs), so the whole namespace is dropped, as by a Redis that
+-- lost its data: a new epoch, to which every replica reconciles (deficits kept).
+local function wrong_type(k, t)
+  local got = redis.call('TYPE', k)['ok']
+  if got == 'none' or got == t then return false end
+  redis.log(redis.LOG_WARNING, 'vtc: ' .. k .. ' held a ' .. got .. ', not a ' .. t ..
+            '; the namespace starts a new epoch')
+  return true
+end
+local function reset_namespace()
+  local ks = redis.call('KEYS', ARGV[11])
+  for k = 1, #ks, 512 do redis.call('DEL', unpack(ks, k, math.min(k + 511, #ks))) end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local corrupt = false
+for _, kt in ipairs({{P .. 'epoch', 'string'}, {CNT, 'hash'}, {BL, 'zset'}, {REFS, 'hash'},
+                     {LAST, 'string'}, {REPS, 'zset'}, {W, 'set'}, {S, 'hash'}}) do
+  corrupt = corrupt or wrong_type(kt[1], kt[2])
+end
+if not corrupt then  -- the waiting sets about to be reaped
+  for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
+    corrupt = corrupt or wrong_type(P .. 'w:' .. d, 'set')
+  end
+end
+if corrupt then reset_namespace() end
 
 local epoch = redis.call('GET', P .. 'epoch')
 if not epoch then
@@ -285,8 +315,6 @@ local function join(c)
 end
 
 -- liveness, and the reaping of replicas that stopped syncing
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
   if d ~= rid then
     local members = redis.call('SMEMBERS', P .. 'w:' .. d)
@@ -309,7 +337,7 @@ elseif base >= rseq then
   redis.call('DEL', S)         -- the replica saw the reply to everything applied
 end
 
-local i = 11
+local i = 12
 local function list()
   local out = cjson.decode(ARGV[i]); i = i + 1
   return out
@@ -449,6 +477,7 @@ class RedisStore:
         self.namespace = check_namespace(namespace)
         self.prefix = f"vtc:{{{namespace}}}:"
         self.keep_ms = keep_ms
+        self._pattern = glob_escape(self.prefix) + "*"  # every key of this namespace
         self._script = client.register_script(SYNC_LUA)
         self.bytes_out = 0
         self.bytes_in = 0
@@ -486,6 +515,7 @@ class RedisStore:
             req.seq,
             req.base,
             repr(MAX_COUNTER),
+            self._pattern,
         ]
         for pairs in (req.services, req.hints):
             flat: list[str] = []
@@ -522,7 +552,7 @@ class RedisStore:
 
     def clear(self) -> None:
         """Delete every key of this namespace (and of no other)."""
-        keys = list(self.client.scan_iter(match=glob_escape(self.prefix) + "*"))
+        keys = list(self.client.scan_iter(match=self._pattern))
         if keys:
             self.client.delete(*keys)
 
@@ -667,6 +697,16 @@ class SyncStats:
     pulled_tenants: int = 0
     skipped: int = 0
     last_error: str | None = None
+
+
+def _unreachable(err: BaseException) -> bool:
+    """Whether ``err`` says the store could not be reached (not that it answered wrongly)."""
+    try:
+        from redis.exceptions import ConnectionError as Refused
+        from redis.exceptions import TimeoutError as TimedOut
+    except ImportError:  # a store of another kind
+        return isinstance(err, OSError)
+    return isinstance(err, (OSError, Refused, TimedOut))
 
 
 class SharedCounters:
@@ -995,7 +1035,14 @@ class SharedCounters:
         self.stats.failures += 1
         self.stats.last_error = f"{type(err).__name__}: {err}"
         if not self.degraded:
-            log.warning("vtc: shared counters unreachable (%s); scheduling locally", err)
+            if _unreachable(err):
+                log.warning("vtc: shared counters unreachable (%s); scheduling locally", err)
+            else:
+                log.warning(
+                    "vtc: shared-counter sync failed (%s: %s); scheduling locally",
+                    type(err).__name__,
+                    err,
+                )
         self.degraded = True
         self._full = True
         self._retry_at = now + self.retry_ms

@@ -209,6 +209,64 @@ def test_corrupt_lastleft_epoch_and_refs_are_not_fatal(redis_server):
     assert sh.stats.resyncs == resyncs and not sh.degraded
 
 
+# keys of the namespace and a value of another type: a string where a hash, set or
+# sorted set belongs, a hash where a string belongs
+_WRONG_TYPES = ["counter", "backlog", "refs", "replicas", "w:r0", "s:r0", "epoch", "lastleft"]
+
+
+def _clobber(r, key: str) -> None:
+    r.delete(key)
+    if key.endswith(("epoch", "lastleft")):
+        r.hset(key, "x", "1")
+    else:
+        r.set(key, "not the right type")
+
+
+@pytest.mark.parametrize("name", _WRONG_TYPES)
+def test_a_key_of_the_wrong_type_is_repaired_not_fatal(redis_server, name):
+    """A key holding another type (a hand edit, another program on the same Redis) made
+    every script call fail with WRONGTYPE: every replica degraded, forever. The script
+    deletes such a key (logged by Redis) and goes on as after a loss of that key."""
+    s0, s1 = vtc.Scheduler(1 << 16), vtc.Scheduler(1 << 16)
+    sh0, sh1 = shared(redis_server, "r0", s0), shared(redis_server, "r1", s1)
+    serve_all(s0, {"A": 300, "B": 100})
+    assert sh0.sync(s0, ["A", "B"]) and sh1.sync(s1, ["B"])
+    assert sh0.sync(s0, [])  # A leaves r0 (lastleft), B still waits on r1
+    r = redis_server.client()
+    _clobber(r, sh0.store.prefix + name)
+    serve(s0, "A", 50)
+    for _ in range(3):  # and it stays repaired
+        assert sh0.sync(s0, ["A"]) and sh1.sync(s1, ["B", "C"])
+    assert not sh0.degraded and not sh1.degraded
+    assert sh0.stats.failures == 0 and sh1.stats.failures == 0
+    got = sh0.store.counters()
+    # A's service is all counted once, whatever key was lost (its counter is restored
+    # from r0's own after a loss of the counter hash)
+    assert got["A"] == 350.0
+    assert set(got) == {"A", "B", "C"}
+    assert set(sh0.store.backlog()) == {"A", "B", "C"}
+    assert set(sh0.store.replicas()) == {"r0", "r1"}
+
+
+def test_a_dead_replicas_waiting_set_of_the_wrong_type_is_repaired(redis_server, caplog):
+    """The waiting set of a replica being reaped is read too: the same repair."""
+    s0, s1 = vtc.Scheduler(1 << 16), vtc.Scheduler(1 << 16)
+    sh0 = shared(redis_server, "r0", s0, liveness_ms=100)
+    sh1 = shared(redis_server, "r1", s1, liveness_ms=100)
+    serve(s0, "A", 100)
+    assert sh0.sync(s0, ["A"]) and sh1.sync(s1, ["B"])
+    _clobber(redis_server.client(), sh0.store.prefix + "w:r1")
+
+    def r1_reaped() -> bool:
+        assert sh0.sync(s0, ["A"])
+        return sh0.store.replicas() == ["r0"]
+
+    wait_for(r1_reaped, "r1 to be reaped")
+    assert sh0.stats.failures == 0 and sh0.stats.resyncs == 1
+    assert sh0.store.backlog() == {"A": 100.0}
+    assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+
+
 class _Flaky:
     """A store that raises ``error`` while ``broken`` is set, else delegates."""
 
