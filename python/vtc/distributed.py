@@ -162,7 +162,9 @@ class SyncRequest:
 
 @dataclass
 class SyncReply:
-    """The store's answer: ``status`` is ``"ok"`` or ``"resync"`` (send the full state).
+    """The store's answer: ``status`` is ``"ok"``, ``"resync"`` (send the full state)
+    or ``"duplicate"`` (a newer live process syncs under this replica id: nothing
+    was applied; sync under another id).
 
     ``counters`` holds one value per pulled tenant, ``None`` for a tenant the
     store has no counter of.
@@ -219,6 +221,7 @@ local MAXV = tonumber(ARGV[10])
 local CNT, BL, REFS = P .. 'counter', P .. 'backlog', P .. 'refs'
 local LAST, REPS = P .. 'lastleft', P .. 'replicas'
 local W, S = P .. 'w:' .. rid, P .. 's:' .. rid
+local OWN, GONE = P .. 'owner', P .. 'gone:' .. rid
 local function fmt(x) return string.format('%.17g', x) end
 local function num(s)
   if type(s) ~= 'string' then return nil end
@@ -246,7 +249,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local corrupt = false
 for _, kt in ipairs({{P .. 'epoch', 'string'}, {CNT, 'hash'}, {BL, 'zset'}, {REFS, 'hash'},
-                     {LAST, 'string'}, {REPS, 'zset'}, {W, 'set'}, {S, 'hash'}}) do
+                     {LAST, 'string'}, {REPS, 'zset'}, {W, 'set'}, {S, 'hash'},
+                     {OWN, 'hash'}, {GONE, 'set'}}) do
   corrupt = corrupt or wrong_type(kt[1], kt[2])
 end
 if not corrupt then  -- the waiting sets about to be reaped
@@ -260,6 +264,20 @@ local epoch = redis.call('GET', P .. 'epoch')
 if not epoch then
   epoch = inc
   redis.call('SET', P .. 'epoch', epoch)
+end
+
+-- one live process per replica id: the incarnation that synced last under an id owns it;
+-- a newer one takes it over (a restart) with a full sync, and the incarnations it displaced
+-- are refused from then on (two live processes with one id: the older one must rename)
+local owner = redis.call('HGET', OWN, rid)
+if owner ~= inc then
+  if redis.call('SISMEMBER', GONE, inc) == 1 then return {'duplicate', epoch} end
+  if not full then return {'resync', epoch} end
+  if owner then
+    redis.call('SADD', GONE, owner)
+    if keep > 0 then redis.call('PEXPIRE', GONE, keep) end
+  end
+  redis.call('HSET', OWN, rid, inc)
 end
 if not full and (epoch ~= known or not redis.call('ZSCORE', REPS, rid)) then
   return {'resync', epoch}
@@ -322,6 +340,7 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
     for _, c in ipairs(members) do leave(c) end
     redis.call('DEL', P .. 'w:' .. d)
     redis.call('ZREM', REPS, d)
+    redis.call('HDEL', OWN, d)
   end
 end
 redis.call('ZADD', REPS, now, rid)
@@ -468,7 +487,9 @@ class RedisStore:
     (hash: tenant -> replicas it waits on); ``lastleft``; ``replicas`` (sorted
     set by last sync, ms); ``w:<replica>`` (set: tenants waiting there);
     ``s:<replica>`` (hash: what the store applied from that replica since its
-    last acknowledged sync, and ``#inc``/``#seq``/``#base``).
+    last acknowledged sync, and ``#inc``/``#seq``/``#base``); ``owner`` (hash:
+    replica -> the incarnation that owns the id); ``gone:<replica>`` (set: the
+    incarnations a newer one displaced, refused if they sync again).
     ``bytes_out``/``bytes_in`` count the RESP bytes of every sync.
     """
 
@@ -584,6 +605,8 @@ class LocalStore:
         self.seen: dict[str, float] = {}
         self.waiting: dict[str, set[str]] = {}
         self.applied: dict[str, _Applied] = {}
+        self.owner: dict[str, str] = {}
+        self.gone: dict[str, set[str]] = {}
 
     def _floor(self) -> float | None:
         if self.bl:
@@ -611,6 +634,15 @@ class LocalStore:
         """What the Lua script does, step by step."""
         if self.epoch is None:
             self.epoch = req.incarnation
+        owner = self.owner.get(req.replica)
+        if owner != req.incarnation:
+            if req.incarnation in self.gone.get(req.replica, ()):
+                return SyncReply("duplicate", self.epoch)
+            if not req.full:
+                return SyncReply("resync", self.epoch)
+            if owner is not None:
+                self.gone.setdefault(req.replica, set()).add(owner)
+            self.owner[req.replica] = req.incarnation
         if not req.full and (self.epoch != req.epoch or req.replica not in self.seen):
             return SyncReply("resync", self.epoch)
         now = self.clock()
@@ -619,6 +651,7 @@ class LocalStore:
                 for c in sorted(self.waiting.pop(d, set())):
                     self._leave(c)
                 del self.seen[d]
+                self.owner.pop(d, None)
         self.seen[req.replica] = now
         rec = self.applied.get(req.replica)
         replay = False
@@ -685,7 +718,9 @@ class LocalStore:
 class SyncStats:
     """What a :class:`SharedCounters` did: syncs, round trips, failures, degraded state.
 
-    ``skipped``: pulled values that were no counter (left unused).
+    ``skipped``: pulled values that were no counter (left unused). ``renamed``:
+    times the store refused this replica's id as another live process's, so
+    that it went on under an id of its own.
     """
 
     syncs: int = 0
@@ -696,6 +731,7 @@ class SyncStats:
     pushed_tenants: int = 0
     pulled_tenants: int = 0
     skipped: int = 0
+    renamed: int = 0
     last_error: str | None = None
 
 
@@ -720,7 +756,9 @@ class SharedCounters:
     (the scheduler runs as a local VTC meanwhile).  ``replica_id`` names this
     replica; it must be unique among live replicas (the default is
     host-pid-random). A restarted replica may keep its id: the store tells
-    incarnations apart.
+    incarnations apart. Two live ones with one id are told apart too: the
+    older is refused at its next sync and renames itself (logged as an error;
+    ``stats.renamed``).
 
     One object serves one scheduler, attached at the first call that passes
     it (or :meth:`attach`): the service that scheduler already holds then (a
@@ -952,9 +990,14 @@ class SharedCounters:
             began = time.perf_counter()
             try:
                 reply, pull = self._round_trip(scheduler, wait_keys)
-                if reply.status == "resync":
-                    self.stats.resyncs += 1
-                    self._full = True
+                for _ in range(2):  # at most: refused as a duplicate, then a resync
+                    if reply.status == "duplicate":
+                        self._rename()
+                    elif reply.status == "resync":
+                        self.stats.resyncs += 1
+                        self._full = True
+                    else:
+                        break
                     reply, pull = self._round_trip(scheduler, wait_keys)
                 if reply.status != "ok":
                     raise RuntimeError(f"store answered {reply.status!r} to a full sync")
@@ -1030,6 +1073,24 @@ class SharedCounters:
         self.stats.pushed_tenants += len(push)
         self.stats.pulled_tenants += len(pull)
         return self.store.sync(req), pull
+
+    def _rename(self) -> None:
+        """The store refused this replica's id: a newer live process syncs under it.
+
+        Nothing of the refused request was applied; the next one is a full sync
+        under an id made unique by this incarnation, which the store counts as a
+        new replica (what was pushed under the old id stays counted).
+        """
+        taken = self.replica_id
+        self.replica_id = f"{taken}-{self._incarnation[:8]}"
+        self.stats.renamed += 1
+        self._full = True
+        log.error(
+            "vtc: replica id %r is in use by another live process; this one goes on as %r. "
+            "Give each replica its own VTC_REPLICA_ID (or leave it unset)",
+            taken,
+            self.replica_id,
+        )
 
     def _fail(self, now: float, err: BaseException) -> None:
         self.stats.failures += 1

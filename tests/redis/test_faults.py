@@ -267,6 +267,46 @@ def test_a_dead_replicas_waiting_set_of_the_wrong_type_is_repaired(redis_server,
     assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
 
 
+# -- two live processes with one replica id ----------------------------------------------
+def test_two_live_replicas_with_one_id_are_told_apart(redis_server, caplog):
+    """A Deployment that sets one VTC_REPLICA_ID for every pod: two live processes sync
+    as one replica. Each one's waiting-set diffs undid the other's (a tenant waiting on
+    one stayed out of the global backlog). The store tells incarnations apart: the one
+    displaced by a newer one is refused when it syncs again, and goes on under an id of
+    its own, logged as an error; no service is lost or counted twice."""
+    s0, s1 = vtc.Scheduler(1 << 16), vtc.Scheduler(1 << 16)
+    old, new = shared(redis_server, "pod", s0), shared(redis_server, "pod", s1)
+    serve(s0, "A", 100)
+    assert old.sync(s0, ["A"])
+    serve(s1, "B", 200)
+    assert new.sync(s1, ["B"])  # a newer incarnation: taken for a restart of "pod"
+    serve(s0, "A", 10)
+    for _ in range(3):
+        assert old.sync(s0, ["A"]) and new.sync(s1, ["B"])
+    assert new.replica_id == "pod" and old.replica_id.startswith("pod-")
+    assert old.stats.renamed == 1 and new.stats.renamed == 0
+    assert not old.degraded and not new.degraded
+    assert old.store.counters() == {"A": 110.0, "B": 200.0}
+    assert old.store.backlog() == {"A": 110.0, "B": 200.0}
+    assert sorted(old.store.replicas()) == sorted(["pod", old.replica_id])
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "pod" in r.getMessage()]
+    assert len(errors) == 1 and "VTC_REPLICA_ID" in errors[0].getMessage()
+
+
+def test_a_restart_with_the_same_id_is_not_a_duplicate(redis_server, caplog):
+    s = vtc.Scheduler(1 << 16)
+    first = shared(redis_server, "pod", s)
+    serve(s, "A", 100)
+    assert first.sync(s, ["A"])
+    restored = vtc.Scheduler.from_snapshot(s.snapshot())
+    again = shared(redis_server, "pod", restored)  # the old process is gone
+    for _ in range(3):
+        assert again.sync(restored, ["A"])
+    assert again.replica_id == "pod" and again.stats.renamed == 0
+    assert again.store.replicas() == ["pod"] and again.store.backlog() == {"A": 100.0}
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 class _Flaky:
     """A store that raises ``error`` while ``broken`` is set, else delegates."""
 

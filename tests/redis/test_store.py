@@ -185,18 +185,24 @@ def test_from_env():
 
 def test_twin_answers_every_request_as_the_script_does(redis_server):
     """Random syncs of three replicas (diffs, full syncs with keeps and hints, lost replies,
-    replays, new incarnations, data loss): LocalStore and the Lua script agree exactly."""
+    replays, new incarnations, data loss, an old incarnation that lives on beside a new
+    one under the same id): LocalStore and the Lua script agree exactly."""
     import random
 
     rng = random.Random(7)
     red, twin = store(redis_server, "twin"), D.LocalStore()
     tenants = [f"i:{k}" for k in range(6)]
-    state = {r: {"inc": f"{r}0", "seq": 0, "base": 0, "since": {}, "epoch": ""} for r in "abc"}
+    state = {
+        r: {"id": r, "inc": f"{r}0", "seq": 0, "base": 0, "since": {}, "epoch": ""} for r in "abc"
+    }
     last: dict[str, D.SyncRequest] = {}
+    statuses: set[str] = set()
     for step in range(400):
-        r = rng.choice("abc")
+        r = rng.choice(sorted(state))
         st = state[r]
         if rng.random() < 0.03:  # a restart: a new incarnation with the same id
+            if rng.random() < 0.3:  # ... while the old one lives on
+                state[f"{r}'{step}"] = dict(st, since=dict(st["since"]))
             st.update(inc=f"{r}{step}", seq=0, base=0, since={})
         if r in last and rng.random() < 0.05:
             q = last[r]  # a duplicated request
@@ -211,7 +217,7 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
             rem = [c for c in tenants if c not in waiting and rng.random() < 0.3]
             hints = {c: rng.choice([3.0, 50.0, 1e4]) for c in keep if rng.random() < 0.5}
             q = D.SyncRequest(
-                r,
+                st["id"],
                 st["epoch"],
                 st["inc"],
                 st["seq"],
@@ -230,6 +236,7 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
         ea = a.epoch.decode() if isinstance(a.epoch, bytes) else a.epoch
         assert (a.status, ea, a.floor, a.counters) == (b.status, b.epoch, b.floor, b.counters), step
         assert red.counters() == twin.counters() and red.backlog() == twin.backlog(), step
+        statuses.add(a.status)
         if a.status == "ok":
             st["epoch"] = ea
             if rng.random() < 0.8:  # the reply arrived: the next amounts start from here
@@ -237,3 +244,4 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
         if rng.random() < 0.01:  # the store loses everything
             redis_server.client().flushall()
             twin = D.LocalStore()
+    assert statuses == {"ok", "resync", "duplicate"}
