@@ -51,6 +51,11 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
 ``VTC_SYNC_MODE``          engines: ``background`` (a thread syncs every
                            ``VTC_SYNC_MS``, default 50) or ``step`` (on the
                            engine thread every ``VTC_SYNC_INTERVAL`` steps)
+``VTC_SYNC_LIVENESS_MS``   a replica silent this long is taken for dead, its
+                           waiting tenants leave the global backlog; > 0 and
+                           above the background period (10000)
+``VTC_SYNC_RETRY_MS``      after a failed sync, the store is not tried again
+                           for this long, > 0 (1000)
 =========================  =====================================================
 
 :func:`check_env` validates all of them at once; the engines call it at start-up,
@@ -127,6 +132,8 @@ SHARED_VARIABLES = (
     "VTC_REPLICA_ID",
     "VTC_REDIS_TIMEOUT_MS",
     "VTC_SYNC_MODE",
+    "VTC_SYNC_LIVENESS_MS",
+    "VTC_SYNC_RETRY_MS",
 )
 
 #: Longest ``VTC_REDIS_NAMESPACE`` (``vtc.distributed.check_namespace``'s rule).
@@ -471,6 +478,8 @@ class SharedCounterSettings:
     replica_id: str | None = None  # None: vtc.distributed makes one (host-pid-random)
     timeout_ms: float = 100.0
     mode: str = "background"  # engines: sync from a thread, or "step": on the engine thread
+    liveness_ms: int = 10_000  # silent this long: taken for dead, reaped by the others
+    retry_ms: float = 1000.0  # after a failure, the store is left alone this long
 
 
 def _redis_url(text: str) -> str:
@@ -541,7 +550,16 @@ def shared_counter_settings(
         replica_id=_text(env, "VTC_REPLICA_ID"),
         timeout_ms=_positive(env, "VTC_REDIS_TIMEOUT_MS") or 100.0,
         mode=_sync_mode(env),
+        liveness_ms=math.ceil(_positive(env, "VTC_SYNC_LIVENESS_MS") or 10_000),
+        retry_ms=_positive(env, "VTC_SYNC_RETRY_MS") or 1000.0,
     )
+    period = settings.sync_ms or 50.0
+    if settings.mode == "background" and settings.liveness_ms <= period:
+        raise ConfigError(
+            f"VTC_SYNC_LIVENESS_MS={_text(env, 'VTC_SYNC_LIVENESS_MS')!r} is out of range: "
+            f"a replica syncs every {period:g} ms (VTC_SYNC_MS), so every one would be taken "
+            "for dead between its syncs; expected several periods (default 10000)"
+        )
     return settings if url is not None else None
 
 

@@ -1163,7 +1163,8 @@ def from_env(
     ``VTC_SYNC_MODE`` (engines: ``background``, the default, or ``step``),
     ``VTC_SYNC_INTERVAL`` (steps, default 10), ``VTC_SYNC_MS`` (optional; the
     background period, default 50), ``VTC_REPLICA_ID`` (default host-pid-random),
-    ``VTC_REDIS_TIMEOUT_MS`` (socket timeouts, default 100), parsed by
+    ``VTC_REDIS_TIMEOUT_MS`` (socket timeouts, default 100), ``VTC_SYNC_LIVENESS_MS``
+    (default 10000), ``VTC_SYNC_RETRY_MS`` (default 1000), parsed by
     :func:`vtc.config.shared_counter_settings`: a malformed one raises
     :class:`vtc.config.ConfigError` naming it.  Creating it does not contact Redis.
     """
@@ -1200,6 +1201,8 @@ def from_settings(
         replica_id=replica_id or settings.replica_id,
         sync_interval=settings.sync_interval,
         sync_ms=settings.sync_ms,
+        liveness_ms=settings.liveness_ms,
+        retry_ms=settings.retry_ms,
     )
     shared.mode = settings.mode
     return shared

@@ -181,6 +181,10 @@ def test_from_env():
     )
     assert shared is not None and shared.sync_interval == 7
     assert shared.store.prefix == "vtc:{x}:"
+    assert (shared.liveness_ms, shared.retry_ms) == (10_000, 1000.0)  # the defaults
+    env = {D.ENV_URL: "redis://h/0", "VTC_SYNC_LIVENESS_MS": "30000", "VTC_SYNC_RETRY_MS": "5"}
+    shared = D.from_env(env)
+    assert (shared.liveness_ms, shared.retry_ms) == (30_000, 5.0)
 
 
 def test_twin_answers_every_request_as_the_script_does(redis_server):
