@@ -85,6 +85,41 @@ def test_a_bad_hit_is_an_error_naming_the_request(bad, err):
     assert s.peek() == 1
 
 
+class _Broken(Exception):
+    pass
+
+
+@pytest.mark.parametrize("bad", [_Broken("cache down"), -1, "3"])
+def test_a_lookup_failing_inside_schedule_loses_no_admitted_request(bad):
+    """The lookup fails at the third selection of one schedule() call: the two
+    requests admitted before are returned (an engine that never learns of an
+    admission would leave it running forever); the next call, which asks again
+    and fails before anything changes, raises; once the lookup answers, it goes on."""
+    s = reference.Scheduler(100, locality_quantum=50)
+    for rid, client in enumerate("ababab"):
+        s.submit(rid, client, 10)
+    failing = {"on": True}
+    asked = []
+
+    def lookup(rid):
+        asked.append(rid)
+        if failing["on"] and len(asked) >= 5:  # two per selection: the third one fails
+            if isinstance(bad, Exception):
+                raise bad
+            return bad
+        return 0
+
+    s.set_prefix_lookup(lookup)
+    assert s.schedule() == [0, 1]
+    assert (s.num_running, s.num_waiting, s.occupancy) == (2, 4, 20)
+    before = (s.counters(), s.services(), s.running(), s.active_clients())
+    with pytest.raises((_Broken, vtc.InvalidArgumentError, TypeError)):
+        s.schedule()
+    assert (s.counters(), s.services(), s.running(), s.active_clients()) == before
+    failing["on"] = False
+    assert s.schedule() == [2, 3, 4, 5]
+
+
 # -- the rule ---------------------------------------------------------------
 
 

@@ -72,8 +72,10 @@ The rules
   specified order, never for a request that is not a candidate, and never
   when ``Q == 0`` or there is only one candidate; an answer of the wrong
   type is a ``TypeError``, out of range an ``InvalidArgumentError``, and
-  that or the lookup's own exception propagates (from ``schedule()``, the
-  requests it admitted before stay admitted).  ``Q = 0``, or no lookup,
+  that or the lookup's own exception propagates, raised before anything
+  changed; except in ``schedule()`` once it has admitted requests: it then
+  stops there and returns those (nothing admitted is ever lost to a caller),
+  and the next selecting call asks the lookup again.  ``Q = 0``, or no lookup,
   is plain VTC exactly.  Everything else (lift, charges, preemption order,
   weights, band rules) is unchanged: the window only chooses among clients
   the lift and the charges already placed.  Two clients ``f, g`` backlogged
@@ -804,7 +806,12 @@ class Scheduler:
         admitted = []
         capped = set()  # clients at their cap: out of selection for this call
         while True:
-            picked = self._select(capped)
+            try:
+                picked = self._select(capped)
+            except Exception:  # the prefix lookup's: raised before anything changed
+                if not admitted:
+                    raise
+                break  # what was admitted is returned; the next call asks again
             if picked is None:
                 break
             k, rid = picked
