@@ -159,6 +159,7 @@ class Server:
         name: str,
         prompt: list[int] = PROMPT,
         priority: int | None = None,
+        ignore_eos: bool = True,
     ) -> threading.Thread:
         """POST /generate from a thread (request id ``name``, SGLang's ``priority`` if
         given); its response lands in ``out[name]``."""
@@ -168,7 +169,7 @@ class Server:
             "sampling_params": {
                 "max_new_tokens": max_new_tokens,
                 "temperature": 0.0,
-                "ignore_eos": True,
+                "ignore_eos": ignore_eos,
                 "custom_params": {"tenant": tenant},
             },
         }
@@ -657,3 +658,90 @@ def test_an_urgent_arrival_preempts_a_running_batch_request_charged_once(preempt
     assert tokens(m, "B", "decode") == batch_tokens
     assert tokens(m, "U", "prompt") == len(urgent_prompt)
     assert tokens(m, "U", "decode") == urgent_tokens
+
+
+# -- retraction: SGLang's KV pool runs out while several requests decode ----------------
+
+
+@pytest.fixture(scope="module")
+def retraction_server(model_dir, tmp_path_factory) -> Iterator[Server]:
+    """The plugin with a KV pool of 256 tokens and four running slots. SGLang admits a
+    request reserving ``new_token_ratio`` of its remaining output, unless it ignores
+    EOS (then all of it); with ``--schedule-conservativeness 0.05`` that ratio starts
+    near 0, so several requests that do not ignore EOS are admitted together and the
+    pool runs out while they decode: SGLang retracts one (back to its waiting queue,
+    its KV freed) and recomputes it later. No radix cache, so a recomputed prompt is
+    no cache hit: a second prompt charge would show on /metrics."""
+    log = tmp_path_factory.mktemp("sglang-retraction") / "server.log"
+    args = (
+        "--max-running-requests",
+        "4",
+        "--max-total-tokens",
+        "256",
+        "--schedule-conservativeness",
+        "0.05",
+        "--disable-radix-cache",
+        "--enable-metrics",
+    )
+    env = {"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"}
+    s = Server(model_dir, log, plugin=True, env=env, args=args)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_retraction_under_a_small_kv_pool_charges_nothing_twice(retraction_server):
+    """Rounds of four requests of two tenants (16-token prompts, up to 150 new tokens,
+    EOS not ignored) until SGLang has retracted one (``meta_info.num_retractions``).
+    SGLang admits a request only if its prompt and *all* its output fit beside what
+    runs, so two overlap when the second arrives before the first has decoded ~70
+    tokens, and two that grow to 166 tokens each exhaust the pool. A starved client
+    may send them late, so a round without a retraction is repeated, at most four
+    times.
+    Every tenant is then charged exactly the prompt tokens SGLang computed once and
+    the tokens each request returned, and the plugin counted each retraction as a
+    preemption of that tenant."""
+    server = retraction_server
+    metas: dict[str, dict] = {}
+    tenant_of: dict[str, str] = {}
+    for rnd in range(4):
+        out: dict[str, Any] = {}
+        names = {f"X{rnd}-{i}": f"X{rnd}{i % 2}" for i in range(4)}
+        tenant_of.update(names)
+        threads = [
+            server.generate(
+                tenant, 150, out, name, prompt=[40 + 8 * rnd + i] * 16, ignore_eos=False
+            )
+            for i, (name, tenant) in enumerate(names.items())
+        ]
+        for t in threads:
+            t.join(DEADLINE)
+        for name in sorted(out):
+            assert isinstance(out[name], dict), f"{name}: {out[name]!r}\n{server.tail()}"
+            metas[name] = out[name]["meta_info"]
+        assert len(out) == 4, sorted(out)
+        if sum(metas[n]["num_retractions"] for n in out) > 0:
+            break
+    retracted = {n: m["num_retractions"] for n, m in metas.items() if m["num_retractions"]}
+    assert retracted, f"SGLang never retracted a request in 4 rounds:\n{server.tail()}"
+
+    tenants = sorted(set(tenant_of.values()))
+
+    def of(tenant: str) -> list[dict]:
+        return [m for n, m in metas.items() if tenant_of[n] == tenant]
+
+    def settled(m: dict) -> bool:
+        return all(
+            tokens(m, t, "decode") == sum(x["completion_tokens"] for x in of(t))
+            and requests_of(m, t) == (0, 0)
+            for t in tenants
+        )
+
+    m = server.wait_for_metrics("every tenant's tokens", settled)
+    for t in tenants:
+        assert tokens(m, t, "prompt") == sum(x["prompt_tokens"] - x["cached_tokens"] for x in of(t))
+        assert all(x["cached_tokens"] == 0 for x in of(t))  # recomputed, not a hit
+        preempted = m.get(("vtc_tenant_preemptions_total", frozenset({("tenant", t)})), 0.0)
+        assert preempted == sum(x["num_retractions"] for x in of(t)), (t, retracted)
