@@ -156,7 +156,7 @@ class VtcState:
         ranks = int(getattr(scheduler, "tp_size", 1) or 1) * int(
             getattr(scheduler, "pp_size", 1) or 1
         )
-        self.adapter.start_sharing(ranks=ranks)
+        self.adapter.start_sharing(ranks=ranks, suffix=data_parallel_suffix(scheduler))
         self.read_priority_order(scheduler)
         priorities = self.adapter.describe_priorities(self.priority_order)
         logger.info(
@@ -233,6 +233,26 @@ class VtcState:
 
 
 _STATE: VtcState | None = None
+
+
+def data_parallel_suffix(scheduler: Any = None) -> str:
+    """What SGLang's data-parallel scheduler k appends to ``VTC_REPLICA_ID``:
+    ``-dp<k>`` for k > 0, nothing for rank 0 or without data parallelism, so that
+    with ``--dp-size N`` every DP scheduler shares counters as a replica of its own
+    (as vLLM's ranks do: :func:`vtc.vllm.data_parallel_suffix`).
+
+    The rank is SGLang's runtime context (``get_parallel().dp_rank``, set in the
+    scheduler process before the model loads; ``None`` without DP attention or
+    data parallelism), else the scheduler's own ``dp_rank`` (older SGLang)."""
+    rank = None
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        rank = get_parallel().dp_rank
+    except (ImportError, AttributeError, RuntimeError, ValueError):  # older, or unpublished
+        rank = getattr(scheduler, "dp_rank", None)
+    index = int(rank or 0)
+    return f"-dp{index}" if index > 0 else ""
 
 
 def get_state() -> VtcState:

@@ -499,3 +499,31 @@ def test_shared_counters_from_the_environment(redis_server, tp_size: int) -> Non
     assert sharing.shared.store.counters() == core().services() == {"a": 8.0 + 4.0, "b": 16.0}
     state.adapter.close()
     vs.reset_state(vs.VtcState())
+
+
+@pytest.mark.parametrize("dp_rank, replica", [(None, "pod"), (0, "pod"), (2, "pod-dp2")])
+def test_data_parallel_schedulers_share_as_replicas_of_their_own(
+    redis_server, dp_rank, replica
+) -> None:
+    """--dp-size N runs N scheduler processes from one environment: without a suffix
+    they all synced under one VTC_REPLICA_ID (the store now renames the older one,
+    with an error). Rank k > 0 appends -dp<k>, read from SGLang's runtime context."""
+    from sglang.srt.runtime_context import get_parallel
+
+    env = {
+        "VTC_REDIS_URL": redis_server.url,
+        "VTC_REPLICA_ID": "pod",
+        "VTC_SYNC_MODE": "step",
+        "VTC_SYNC_INTERVAL": "1",
+    }
+    vs.reset_state(vs.VtcState.from_env(env))
+    state = vs.get_state()
+    s = make_scheduler()
+    arrive(s, make_req("a", 8))
+    with get_parallel().override(dp_rank=dp_rank):  # as SGLang's DP controller spawns it
+        step(s, prefill_pass(s))
+    sharing = state.adapter.sharing
+    assert sharing is not None and sharing.shared.replica_id == replica
+    assert sharing.shared.store.replicas() == [replica]
+    state.adapter.close()
+    vs.reset_state(vs.VtcState())
