@@ -14,6 +14,11 @@ the shared work here step by step):
 * :class:`Adapter` holds one engine's core with the three above, and the
   periodic log line; each shell drives one.
 
+Its observers' interface (:class:`Observer`, the :class:`Tracked` record of a
+request) lives in :mod:`vtc.observer`, which the observers (:mod:`vtc.metrics`,
+:mod:`vtc.sharing`) import instead of this module; both names are importable
+from here too.
+
 ``docs/architecture.md`` draws the data path through these parts.
 """
 
@@ -26,7 +31,7 @@ import operator
 import os
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +39,7 @@ import numpy as np
 from vtc._core import Scheduler, key_id
 from vtc.config import ConfigError, EngineConfig, first_tenant, load_weights_file, merge_weights
 from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
+from vtc.observer import AdapterView, Observer, Tracked, _Observers
 
 __all__ = [
     "ASIDE",
@@ -55,73 +61,6 @@ FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 
 _log = logging.getLogger("vtc")
-
-
-class Observer:
-    """Where shared counters and metrics plug in: the adapter calls each of its
-    observers at these points, in order. Every method here does nothing;
-    override the ones you need.
-
-    Calls are synchronous, on the engine's scheduling thread, right after the
-    core call they report: keep them cheap. An observer that raises is logged
-    (once per observer and point) and skipped; scheduling goes on.
-    """
-
-    def arriving(self, tenant: str) -> None:
-        """A request of ``tenant`` is about to be submitted to the core (the
-        shared counters lift the tenant to the global floor here)."""
-
-    def admitted(self, t: Tracked, prompt_tokens: int) -> None:
-        """``t`` was admitted; ``prompt_tokens`` of its prompt were charged (its
-        prefix-cache hit excluded; 0 when a preempted request comes back)."""
-
-    def charged(self, produced: list[tuple[Tracked, int]]) -> None:
-        """Generated tokens were charged, ``(request, tokens)`` (a request once)."""
-
-    def preempted(self, t: Tracked) -> None:
-        """``t`` went back to waiting; its prompt is not charged again."""
-
-    def released(self, t: Tracked, finished: bool) -> None:
-        """``t`` left: it ran to completion (``finished``) or was cancelled."""
-
-    def forgetting(self, core: Scheduler) -> None:
-        """The core is about to forget idle tenants (``forget_idle``): what it
-        keeps of them (counters, token tallies) goes with them."""
-
-    def forgot(self, tenants: list[str]) -> None:
-        """The core forgot these idle tenants (``forget_idle``)."""
-
-    def stepped(self, adapter: Adapter) -> None:
-        """The engine finished a step (its outputs are charged)."""
-
-
-class _Observers(list):
-    """The observers of one adapter, called safely (see :class:`Observer`)."""
-
-    def __init__(self, observers: Iterable[Observer] = (), log: logging.Logger | None = None):
-        super().__init__(observers)
-        self._log = log or _log
-        self._failed: set[tuple[int, str]] = set()
-        self._wants: dict[tuple[Any, ...], bool] = {}
-
-    def wants(self, point: str) -> bool:
-        """Whether an observer overrides ``point``: a hot path builds the
-        arguments of a point only if someone listens to it."""
-        key = (point, len(self), *map(id, self))
-        known = self._wants.get(key)
-        if known is None:
-            base = getattr(Observer, point)
-            known = self._wants[key] = any(getattr(type(o), point, base) is not base for o in self)
-        return known
-
-    def notify(self, point: str, *args: Any) -> None:
-        for o in self:
-            try:
-                getattr(o, point)(*args)
-            except Exception:
-                if (id(o), point) not in self._failed:
-                    self._failed.add((id(o), point))
-                    self._log.exception("VTC: observer %r failed in %s; skipped", o, point)
 
 
 class Tenancy:
@@ -292,20 +231,6 @@ def _decode(core: Scheduler, per_rid: dict[int, int]) -> None:
         np.fromiter(per_rid.keys(), dtype=np.uint64, count=n),
         np.fromiter(per_rid.values(), dtype=np.uint64, count=n),
     )
-
-
-@dataclass(eq=False)
-class Tracked:
-    """What the adapter knows about one engine request."""
-
-    key: Hashable  # the engine's handle for it (vLLM: its request id; SGLang: id(Req))
-    rid: int  # the core's id
-    request: Any  # the engine's request object (kept alive while tracked)
-    tenant: str
-    prompt_len: int  # as submitted: clamped to [1, M]
-    owed: int = 0  # tokens produced while not running: charged when admitted again
-    admissions: int = 0  # times admitted (its prompt is charged at the first)
-    charged: int = 0  # for a shell that sees cumulative output counts (SGLang)
 
 
 class Requests:
@@ -647,7 +572,7 @@ class TenantTrace(Observer):
         for tenant in tenants:
             self.tokens.pop(tenant, None)
 
-    def stepped(self, adapter: Adapter) -> None:
+    def stepped(self, adapter: AdapterView) -> None:
         """As an :class:`Observer`: a record if ``interval`` has passed, or if the
         engine is idle now and was not at the last record. Its tokens are the
         core's tallies (``Scheduler.tokens``), read only for a record."""

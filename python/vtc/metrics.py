@@ -1,6 +1,6 @@
 """Per-tenant Prometheus metrics of an engine's VTC, as an adapter observer.
 
-:class:`TenantMetrics` is a :class:`vtc.adapter.Observer`: after every step it
+:class:`TenantMetrics` is a :class:`vtc.observer.Observer`: after every step it
 refreshes the series if ``interval`` seconds have passed. Between refreshes a
 step costs nothing but a clock read: token counts are the core's own tallies
 (``Scheduler.tokens``), read at a refresh with the counters, services and
@@ -47,14 +47,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
 
-from vtc.adapter import Observer, Tracked
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vtc.adapter import Adapter
+from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = ["OTHER", "TenantMetrics", "jain_index"]
 
@@ -223,7 +220,7 @@ class TenantMetrics(Observer):
             self._remove(tenant)
             self._labelled.discard(tenant)
 
-    def stepped(self, adapter: Adapter) -> None:
+    def stepped(self, adapter: AdapterView) -> None:
         # Refresh every `interval`, and at the step that leaves the engine idle:
         # no step follows it to carry its last tokens to the series.
         now = self._clock()
@@ -234,7 +231,7 @@ class TenantMetrics(Observer):
         self._idle = idle
 
     # -- refresh ------------------------------------------------------------------------
-    def refresh(self, adapter: Adapter, now: float | None = None) -> None:
+    def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
         counters = adapter.tenancy.counters()

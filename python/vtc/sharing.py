@@ -27,8 +27,8 @@ import logging
 from typing import Any
 
 from vtc._core import Scheduler
-from vtc.adapter import Adapter, Observer
 from vtc.distributed import Client, SharedCounters
+from vtc.observer import AdapterView, Observer
 
 __all__ = ["SharedCounterSync"]
 
@@ -70,7 +70,7 @@ class SharedCounterSync(Observer):
     def forgot(self, tenants: list[str]) -> None:
         self.shared.forgot(tenants)
 
-    def stepped(self, adapter: Adapter) -> None:
+    def stepped(self, adapter: AdapterView) -> None:
         if not self.background:
             self.shared.on_step(self.core, self.waiting)  # read only when a sync is due
 
