@@ -1,0 +1,409 @@
+"""Two ``vllm serve`` replicas sharing counters through a real ``redis-server``
+(issue 15, item 4).
+
+Two OpenAI servers on loopback (CPU vLLM, the tiny Llama, ``MAX_NUM_SEQS``
+batch slots each), both with ``--scheduler-cls vtc.vllm.VTCScheduler``. Tenant
+``A`` sends its requests only to replica 0; tenant ``B`` sends its requests to
+both, alternately. Each sends its prompts as a few multi-prompt HTTP requests
+queued at once, so that every (replica, tenant) pair holds far more requests than
+the batch has slots from the start to the end of what is measured.
+
+Expected shares, with ``c0`` and ``c1`` the tokens replica 0 and replica 1
+generate over a window and ``T = c0 + c1``:
+
+* **Per-replica counters** (no Redis): each replica is a VTC of its own.
+  Replica 0 sees both tenants backlogged and splits evenly, replica 1 serves
+  only ``B``: ``A`` gets ``c0 / 2``, a share of ``c0 / 2T``, 1/4 for replicas
+  of equal speed.
+* **Shared counters**: ``B``'s global counter grows with what replica 1 serves
+  it, so replica 0, picking the least counter, serves ``A`` until ``A``
+  catches up. ``A`` can only use replica 0, so its max-min fair allocation is
+  ``min(c0, T / 2)``: all of replica 0 when it is the slower one (``B`` then
+  gets replica 1), half of everything otherwise. Its fair share
+  ``min(c0 / T, 1/2)`` is 1/2 for replicas of equal speed.
+
+Everything is read from the engines' own records, never from client timing
+(this machine has 2 cores and both engines spin): the per-tenant token counters
+on each replica's ``/metrics`` (``vtc_tenant_service_tokens_total``, ``kind``
+``decode`` for generated tokens), its waiting requests
+(``vtc_tenant_requests{state="waiting"}``), ``vtc_sync_degraded``, and the
+counters and replicas in Redis. A share is the delta of the decode counters
+between two scrapes at both of which every (replica, tenant) pair still had
+requests waiting (so the start-up transient before the first scrape and the
+drain tail after the last do not count).
+
+Redis outage, in the shared run: the redis-server is killed (SIGKILL) while both
+tenants are backlogged. Both replicas report ``vtc_sync_degraded`` 1 and keep
+generating tokens (each a local VTC). Redis is started again on the same port,
+empty (no persistence): the epoch key is gone, so every replica's next sync is a
+full one that pushes what it charged meanwhile and sends its local counters as
+hints for the tenants Redis lost. Reconciled means: both replicas report
+``vtc_sync_degraded`` 0, both are registered in Redis again, and each tenant's
+global counter is back at (at least) the weighted service it had received
+before the kill (restored from the hints: what was pushed after the restart
+alone is far less) and at most the weighted service it has received in all,
+plus a slack for the lifts at arrival (a counter is service plus lifts).
+The lower bound fails if the hints were lost (a counter would restart from what
+was charged from the kill on, far less than before it), the upper one if a replica's
+charges were counted twice (a hint and a push of the same service beyond one
+sync period). After that, A's share is again its fair share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import random
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from test_vllm_e2e import MAX_NUM_SEQS, STARTUP_TIMEOUT, _get, scrape, total, vllm_server
+
+from vtc.distributed import RedisStore
+
+PROMPT_LEN = 16
+MAX_TOKENS = 32
+WP, WQ = 1.0, 2.0  # VTC's default prices: per prompt token, per generated token
+PROMPTS_PER_REQUEST = 200  # one HTTP request queues this many prompts at once
+A_REQUESTS = 2  # all to replica 0
+B_REQUESTS = 4  # alternately to replica 0 and replica 1
+# Tokens generated before a share is measured (the counters settle), and in a window.
+WARMUP_TOKENS = 8 * MAX_NUM_SEQS * MAX_TOKENS  # per replica
+WINDOW_TOKENS = 32 * MAX_NUM_SEQS * MAX_TOKENS  # both replicas together
+OUTAGE_TOKENS = 4 * MAX_NUM_SEQS * MAX_TOKENS  # per replica, while Redis is down
+# A reconciled counter may exceed the service received by the lifts at arrival
+# (a counter is service plus lifts; requests reach the replicas a few steps
+# apart) and by one sync period of a replica's service (a push applied before
+# the kill whose reply was lost, counted in another replica's hint and pushed
+# again): a few batches.
+LIFT_SLACK = 4 * MAX_NUM_SEQS * (WP * PROMPT_LEN + WQ * MAX_TOKENS)
+DEADLINE = 600.0  # seconds, for a condition on the engines' records
+REQUEST_TIMEOUT = 3600.0  # seconds: requests are cancelled at the end of a run
+NAMESPACE = "replicas-e2e"
+REPLICAS = ("r0", "r1")
+PAIRS = ((0, "A"), (0, "B"), (1, "B"))  # (replica, tenant) pairs that receive requests
+
+
+@dataclass
+class Reading:
+    """One replica's /metrics, in the terms used here."""
+
+    decode: dict[str, float]  # generated tokens, per tenant
+    service: dict[str, float]  # weighted service (WP per prompt token, WQ per generated one)
+    waiting: dict[str, float]  # requests waiting for admission, per tenant
+    degraded: float  # vtc_sync_degraded (0 without shared counters)
+
+
+def read(url: str) -> Reading:
+    m = scrape(url)
+    name = "vtc_tenant_service_tokens_total"
+    decode = {t: total(m, name, tenant=t, kind="decode") for t in "AB"}
+    prompt = {t: total(m, name, tenant=t, kind="prompt") for t in "AB"}
+    return Reading(
+        decode=decode,
+        service={t: WP * prompt[t] + WQ * decode[t] for t in "AB"},
+        waiting={t: total(m, "vtc_tenant_requests", tenant=t, state="waiting") for t in "AB"},
+        degraded=total(m, "vtc_sync_degraded"),
+    )
+
+
+def read_all(urls: list[str]) -> list[Reading]:
+    return [read(url) for url in urls]
+
+
+def backlogged(readings: list[Reading]) -> bool:
+    """Every (replica, tenant) pair has requests waiting for a batch slot."""
+    return all(readings[r].waiting[t] > 0 for r, t in PAIRS)
+
+
+def generated(readings: list[Reading]) -> float:
+    return sum(sum(r.decode.values()) for r in readings)
+
+
+class Client:
+    """The two tenants' HTTP requests, queued at once and held open until cancelled."""
+
+    def __init__(self, urls: list[str], model: str) -> None:
+        self.urls = urls
+        self.model = model
+        self.errors: list[str] = []
+        self.tasks: list[asyncio.Task] = []
+        self.session: aiohttp.ClientSession | None = None
+
+    async def request(self, replica: int, tenant: str, seed: int) -> None:
+        rng = random.Random(seed)  # distinct prompts: nothing shared between requests
+        prompts = [
+            [rng.randrange(3, 500) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS_PER_REQUEST)
+        ]
+        body = {
+            "model": self.model,
+            "prompt": prompts,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            "vllm_xargs": {"tenant": tenant},
+        }
+        assert self.session is not None
+        try:
+            async with self.session.post(self.urls[replica] + "/v1/completions", json=body) as r:
+                text = await r.text()
+                if r.status != 200:
+                    self.errors.append(f"{tenant}@{replica}: HTTP {r.status}: {text[:200]}")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            self.errors.append(f"{tenant}@{replica}: {e!r}")
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector)
+        sends = [(0, "A", i) for i in range(A_REQUESTS)]
+        sends += [(i % 2, "B", 100 + i) for i in range(B_REQUESTS)]
+        for replica, tenant, seed in sends:
+            self.tasks.append(asyncio.create_task(self.request(replica, tenant, seed)))
+
+    async def stop(self) -> None:
+        """Cancel what is still open (vLLM aborts those requests)."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+
+async def wait_for(what: str, probe: Any, done: Any, client: Client) -> Any:
+    """Poll ``probe()`` (in a thread) until ``done(value)``; returns that value."""
+    end = time.monotonic() + DEADLINE
+    while True:
+        value = await asyncio.to_thread(probe)
+        if done(value):
+            return value
+        assert not client.errors, client.errors[:3]
+        assert time.monotonic() < end, f"timed out waiting for {what}: {value}"
+        await asyncio.sleep(0.5)
+
+
+async def measure_share(urls: list[str], client: Client, what: str) -> dict[str, Any]:
+    """A's share of the tokens both replicas generated between two scrapes at which
+    every (replica, tenant) pair was backlogged."""
+    start = await asyncio.to_thread(read_all, urls)
+    assert backlogged(start), (what, "not backlogged at the start", start)
+    end = await wait_for(
+        f"{what}: a window of {WINDOW_TOKENS} tokens",
+        lambda: read_all(urls),
+        lambda r: generated(r) - generated(start) >= WINDOW_TOKENS,
+        client,
+    )
+    assert backlogged(end), (what, "backlog ran out in the window", end)
+    delta = [{t: e.decode[t] - s.decode[t] for t in "AB"} for s, e in zip(start, end)]
+    per_replica = [sum(d.values()) for d in delta]
+    everything = sum(per_replica)
+    return {
+        "a_share": delta[0]["A"] / everything,
+        "a_share_of_replica0": delta[0]["A"] / per_replica[0],
+        "replica0_share": per_replica[0] / everything,
+        "fair": min(per_replica[0] / everything, 0.5),
+        "tokens": delta,
+    }
+
+
+def start_replicas(
+    stack: ExitStack, model: Path, tmp_path: Path, name: str, env: list[dict[str, str]]
+) -> list[str]:
+    """One ``vllm serve`` per entry of ``env`` (its extra environment), started side
+    by side; each is stopped when ``stack`` closes, also if another failed to start."""
+    servers = [
+        vllm_server(model, tmp_path / f"{name}-{i}.log", "vtc.vllm.VTCScheduler", None, (), e)
+        for i, e in enumerate(env)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        started = [pool.submit(server.__enter__) for server in servers]
+    urls = []
+    for server, future in zip(servers, started):
+        if future.exception() is None:
+            stack.push(server)  # its __exit__ stops it
+            urls.append(future.result())
+    for future in started:
+        if future.exception() is not None:
+            raise future.exception()
+    return urls
+
+
+async def warm_up(urls: list[str], client: Client) -> None:
+    await client.start()
+    await wait_for(
+        "both replicas warm and every pair backlogged",
+        lambda: read_all(urls),
+        lambda r: backlogged(r) and all(sum(x.decode.values()) >= WARMUP_TOKENS for x in r),
+        client,
+    )
+
+
+def served_model(url: str) -> str:
+    return json.loads(_get(url + "/v1/models"))["data"][0]["id"]
+
+
+def per_replica_run(model: Path, tmp_path: Path) -> dict[str, Any]:
+    with ExitStack() as stack:
+        urls = start_replicas(stack, model, tmp_path, "local", [{}, {}])
+
+        async def scenario() -> dict[str, Any]:
+            client = Client(urls, served_model(urls[0]))
+            try:
+                await warm_up(urls, client)
+                return await measure_share(urls, client, "per-replica")
+            finally:
+                await client.stop()
+
+        return asyncio.run(scenario())
+
+
+def shared_run(model: Path, tmp_path: Path, redis_server: Any) -> dict[str, Any]:
+    store = RedisStore.from_url(redis_server.url, namespace=NAMESPACE)
+    env = [
+        {
+            "VTC_REDIS_URL": redis_server.url,
+            "VTC_REDIS_NAMESPACE": NAMESPACE,
+            "VTC_REPLICA_ID": replica,
+        }
+        for replica in REPLICAS
+    ]
+    report: dict[str, Any] = {}
+    with ExitStack() as stack:
+        urls = start_replicas(stack, model, tmp_path, "shared", env)
+
+        async def scenario() -> None:
+            client = Client(urls, served_model(urls[0]))
+            try:
+                await warm_up(urls, client)
+                report["share"] = await measure_share(urls, client, "shared")
+                await outage(urls, client, redis_server, store, report)
+                report["share_after"] = await measure_share(urls, client, "after the outage")
+            finally:
+                await client.stop()
+
+        asyncio.run(scenario())
+    report["logs"] = [
+        (tmp_path / f"shared-{i}.log").read_text(errors="replace") for i in range(len(REPLICAS))
+    ]
+    return report
+
+
+async def outage(
+    urls: list[str], client: Client, redis_server: Any, store: RedisStore, report: dict
+) -> None:
+    """Kill Redis while both tenants are backlogged; both replicas keep serving; start
+    it again (empty, same port); the counters reconcile."""
+    before = await asyncio.to_thread(read_all, urls)
+    assert backlogged(before), before
+    assert all(r.degraded == 0 for r in before), before
+    redis_server.proc.kill()  # SIGKILL: no shutdown of any kind
+    redis_server.proc.wait(timeout=10)
+    redis_server.proc = None
+    down = await wait_for(
+        "both replicas degraded",
+        lambda: read_all(urls),
+        lambda r: all(x.degraded == 1 for x in r),
+        client,
+    )
+    # Both replicas keep generating tokens, each as a local VTC.
+    served = await wait_for(
+        f"both replicas serving {OUTAGE_TOKENS} tokens while Redis is down",
+        lambda: read_all(urls),
+        lambda r: all(
+            sum(x.decode.values()) - sum(d.decode.values()) >= OUTAGE_TOKENS
+            for x, d in zip(r, down)
+        ),
+        client,
+    )
+    assert all(x.degraded == 1 for x in served), served
+    assert backlogged(served), served
+    report["outage_tokens"] = [
+        sum(x.decode.values()) - sum(d.decode.values()) for x, d in zip(served, down)
+    ]
+
+    redis_server.start()  # same port, no data
+
+    def redis_state() -> tuple[list[Reading], list[str], dict]:
+        return read_all(urls), store.replicas(), store.counters()
+
+    up = await wait_for(
+        "both replicas reconciled with the restarted Redis",
+        redis_state,
+        lambda s: (
+            all(x.degraded == 0 for x in s[0])
+            and set(REPLICAS) <= set(s[1])
+            and all(t in s[2] for t in "AB")
+        ),
+        client,
+    )
+    counters = up[2]
+    # Service charged by then: two distinct later refreshes of replica 0's series
+    # (the second is a refresh made after the counters were read).
+    seen: list[float] = []
+
+    def refreshed(r: list[Reading]) -> bool:
+        g = generated(r)
+        if not seen or g != seen[-1]:
+            seen.append(g)
+        return len(seen) >= 3
+
+    after = await wait_for("two metric refreshes", lambda: read_all(urls), refreshed, client)
+    report["reconciled"] = {
+        t: {
+            "counter": counters[t],
+            "service_before_kill": sum(r.service[t] for r in before),
+            "service_after": sum(r.service[t] for r in after),
+        }
+        for t in "AB"
+    }
+
+
+@pytest.mark.timeout(4 * STARTUP_TIMEOUT + 6 * DEADLINE)
+def test_shared_counters_give_pinned_tenant_its_max_min_share_and_survive_redis_outage(
+    tiny_llama: Path, tmp_path: Path, redis_server: Any, capsys: pytest.CaptureFixture
+) -> None:
+    t0 = time.monotonic()
+    local = per_replica_run(tiny_llama, tmp_path)
+    t1 = time.monotonic()
+    shared = shared_run(tiny_llama, tmp_path, redis_server)
+    t2 = time.monotonic()
+    logs = shared.pop("logs")
+    with capsys.disabled():
+        print("\nvLLM replicas: A's share of the tokens both replicas generated")
+        for name, r in (
+            ("per-replica", local),
+            ("shared", shared["share"]),
+            ("after outage", shared["share_after"]),
+        ):
+            print(
+                f"  {name:12s} A {r['a_share']:.3f} (fair {r['fair']:.3f}), "
+                f"A of replica 0 {r['a_share_of_replica0']:.3f}, tokens {r['tokens']}"
+            )
+        print(f"  outage: tokens per replica while Redis was down {shared['outage_tokens']}")
+        print(f"  reconciled: {shared['reconciled']}")
+        print(f"  wall time: per-replica {t1 - t0:.0f}s, shared {t2 - t1:.0f}s")
+
+    # Per-replica VTC: replica 0 splits evenly, so A gets half of replica 0 only.
+    assert 0.35 <= local["a_share_of_replica0"] <= 0.65, local
+    assert local["a_share"] <= 0.35, local
+    # Shared counters: A gets close to its max-min fair share, clearly more.
+    for r in (shared["share"], shared["share_after"]):
+        assert r["a_share"] >= 0.85 * r["fair"], r
+        assert r["a_share"] >= local["a_share"] + 0.1, (r, local)
+
+    # The outage: both replicas logged it and came back.
+    for i, log in enumerate(logs):
+        assert f"replica '{REPLICAS[i]}'" in log
+        assert "shared counters unreachable" in log, i
+        assert "shared counters reachable again; state reconciled" in log, i
+    # The counters reconciled: restored to at least the service before the kill
+    # (the replicas' hints; what they pushed after the restart is far less), never
+    # more than the service received in all plus the lifts at arrival.
+    for t, c in shared["reconciled"].items():
+        assert c["service_before_kill"] <= c["counter"], (t, c)
+        assert c["counter"] <= c["service_after"] + LIFT_SLACK, (t, c)
