@@ -527,3 +527,36 @@ def test_data_parallel_schedulers_share_as_replicas_of_their_own(
     assert sharing.shared.store.replicas() == [replica]
     state.adapter.close()
     vs.reset_state(vs.VtcState())
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_request_the_plugin_failed_to_track_is_still_served(
+    monkeypatch, caplog, alone: bool
+) -> None:
+    """Submitting one request to the core fails at every try (a defect, a field the
+    plugin chokes on): each hook that tries logs it and SGLang carries on. The request
+    is never refused for being unknown to the core (the admission hook admits only the
+    core's next choice): a pass whose ordering failed runs in SGLang's own order, so
+    it is served, uncharged, alone or behind others; the others keep VTC's order and
+    are charged."""
+    real = vs.VtcState.enqueue
+
+    def enqueue(self, req):
+        if vs.tenant_of(req, self.tenant_key) == "boom":
+            raise RuntimeError("injected fault")
+        return real(self, req)
+
+    monkeypatch.setattr(vs.VtcState, "enqueue", enqueue)
+    s = make_scheduler()
+    s.max_prefill_tokens = 12  # room for one 8-token prompt per pass
+    boom = make_req("boom", 8)
+    others = [] if alone else [make_req("a", 8), make_req("b", 8)]
+    arrive(s, boom, *others)
+    admitted = []
+    for _ in range(4):
+        admitted += prefill_pass(s)
+    assert boom in admitted and set(others) <= set(admitted), admitted
+    assert [r for r in admitted if r is not boom] == others  # a then b: VTC's order
+    assert "injected fault" in caplog.text
+    assert "boom" not in core().services() and vs.get_state().status(boom) is None
+    assert core().services() == ({} if alone else {"a": 8.0, "b": 8.0})

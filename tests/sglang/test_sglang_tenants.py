@@ -1,0 +1,87 @@
+"""Many tenants on a real SGLang server with the plugin (issue 18, item 1): one-off
+tenants far beyond what the plugin tracks (``VTC_MAX_TENANTS``). Idle ones are
+forgotten, so each new one gets a counter of its own, every request is served, and
+a burst of more simultaneously active tenants than the cap bills the surplus to the
+default tenant (logged once) instead of growing.
+
+Not asserted: ``VTC_METRICS_MAX_TENANTS`` bounds the labelled tenants of one refresh,
+but SGLang's ``/metrics`` is prometheus_client's multiprocess mode, which cannot
+remove a series (``docs/metrics.md``): every tenant ever labelled stays on
+``/metrics`` until the server restarts (seen here: 4 tenants with 3 labelled).
+
+Read from the server's records: responses' ``meta_info``, the plugin's series on
+``/metrics`` (``--enable-metrics``), and the server log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_sglang_server import DEADLINE, Server
+from tiny_model import make_tiny_llama
+
+MAX_TENANTS = 6
+LABELLED = 3
+
+
+@pytest.fixture(scope="module")
+def tenants_server(tmp_path_factory) -> Iterator[Server]:
+    model_dir = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    log = tmp_path_factory.mktemp("sglang-tenants") / "server.log"
+    env = {
+        "VTC_LOG_INTERVAL": "0",
+        "VTC_METRICS_INTERVAL": "0",
+        "VTC_MAX_TENANTS": str(MAX_TENANTS),
+        "VTC_METRICS_MAX_TENANTS": str(LABELLED),
+    }
+    args = ("--max-running-requests", "1", "--enable-metrics")
+    s = Server(model_dir, log, plugin=True, env=env, args=args)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_one_off_tenants_beyond_every_cap_stay_bounded_and_are_all_charged(tenants_server):
+    """40 one-off tenants, one request each, one after another (each finished before the
+    next arrives): idle ones are forgotten, so each new one gets its own counter and
+    none is billed to the default tenant (that would be logged: with the cap at 6 and
+    no forgetting, the seventh would be)."""
+    server = tenants_server
+    out: dict[str, Any] = {}
+    for i in range(40):
+        server.generate(f"one-off-{i:02d}", 4, out, f"O{i}").join(DEADLINE)
+        assert isinstance(out[f"O{i}"], dict), out[f"O{i}"]
+    assert all(out[f"O{i}"]["meta_info"]["completion_tokens"] == 4 for i in range(40))
+    server.wait_for_metrics("nothing active", lambda m: m[("vtc_tenants_active", frozenset())] == 0)
+    assert "VTC_MAX_TENANTS" not in server.log.read_text()  # never more than the cap at once
+
+
+def test_more_active_tenants_than_the_cap_bill_the_surplus_to_the_default_tenant(tenants_server):
+    """A long request of tenant ``blk`` holds the one running slot while MAX_TENANTS + 4
+    tenants each queue a request (each confirmed queued on /v1/loads, so all are active
+    together however late this client is); then ``blk``'s request is aborted. The plugin
+    tracks at most MAX_TENANTS active tenants, bills the surplus to the default tenant,
+    says so once in the log, serves every request, and is idle again afterwards."""
+    server = tenants_server
+    out: dict[str, Any] = {}
+    threads = [server.generate("blk", 1800, out, "blk")]
+    server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
+    n = MAX_TENANTS + 4
+    for i in range(n):
+        threads.append(server.generate(f"burst-{i:02d}", 16, out, f"B{i}"))
+        server.wait_for(f"{i + 1} queued", lambda load, k=i + 1: load["num_waiting_reqs"] >= k)
+    assert server.load()["num_running_reqs"] == 1  # the blocker still runs: all were active
+    server.post("/abort_request", {"rid": "blk"})
+    for t in threads:
+        t.join(DEADLINE)
+    assert out["blk"]["meta_info"]["finish_reason"]["type"] == "abort", out["blk"]
+    assert all(out[f"B{i}"]["meta_info"]["completion_tokens"] == 16 for i in range(n)), out
+    text = server.log.read_text()
+    assert text.count("tenants active (VTC_MAX_TENANTS)") == 1, server.tail()
+    server.wait_for_metrics(
+        "the burst served and idle", lambda m: m[("vtc_tenants_active", frozenset())] == 0
+    )
