@@ -272,6 +272,7 @@ BAD_SHARED = [
     ({"VTC_SYNC_LIVENESS_MS": "soon"}, "VTC_SYNC_LIVENESS_MS='soon' is not a number"),
     ({"VTC_SYNC_LIVENESS_MS": "40"}, "=.40. is out of range: a replica syncs every 50 ms"),
     ({"VTC_SYNC_LIVENESS_MS": "900", "VTC_SYNC_MS": "1000"}, "LIVENESS_MS='900' .* every 1000 ms"),
+    ({"VTC_SYNC_MS": "20000"}, r"LIVENESS_MS=unset \(10000\) is out of range.* every 20000 ms"),
     ({"VTC_SYNC_RETRY_MS": "-1"}, "VTC_SYNC_RETRY_MS='-1' is out of range"),
 ]  # fmt: skip
 

@@ -555,10 +555,12 @@ def shared_counter_settings(
     )
     period = settings.sync_ms or 50.0
     if settings.mode == "background" and settings.liveness_ms <= period:
+        given = _text(env, "VTC_SYNC_LIVENESS_MS")
+        liveness = "unset (10000)" if given is None else repr(given)
         raise ConfigError(
-            f"VTC_SYNC_LIVENESS_MS={_text(env, 'VTC_SYNC_LIVENESS_MS')!r} is out of range: "
-            f"a replica syncs every {period:g} ms (VTC_SYNC_MS), so every one would be taken "
-            "for dead between its syncs; expected several periods (default 10000)"
+            f"VTC_SYNC_LIVENESS_MS={liveness} is out of range: a replica syncs every "
+            f"{period:g} ms (VTC_SYNC_MS), so every one would be taken for dead between its "
+            "syncs; expected several periods (default 10000)"
         )
     return settings if url is not None else None
 
