@@ -226,7 +226,8 @@ def _clobber(r, key: str) -> None:
 def test_a_key_of_the_wrong_type_is_repaired_not_fatal(redis_server, name):
     """A key holding another type (a hand edit, another program on the same Redis) made
     every script call fail with WRONGTYPE: every replica degraded, forever. The script
-    deletes such a key (logged by Redis) and goes on as after a loss of that key."""
+    drops the whole namespace (logged by Redis) and every replica reconciles to the new
+    epoch as after a data loss: A's service counted once, the backlog rebuilt."""
     s0, s1 = vtc.Scheduler(1 << 16), vtc.Scheduler(1 << 16)
     sh0, sh1 = shared(redis_server, "r0", s0), shared(redis_server, "r1", s1)
     serve_all(s0, {"A": 300, "B": 100})

@@ -228,6 +228,16 @@ class Server:
         self._out.close()
 
 
+def running(server: Server) -> Iterator[Server]:
+    """``server`` once it answers, stopped afterwards, whatever the test did: a
+    fixture's ``yield from`` (as ``running_redis`` in tests/redis_server.py)."""
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module", params=["vtc", "stock"])
 def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
     """One running slot; tenant weights from a file the plugin re-reads when it changes
@@ -243,11 +253,7 @@ def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
     }
     s = Server(model_dir, log, plugin=plugin, env=env)
     s.weights_file = weights
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(s)
 
 
 def submit_in_order(
@@ -400,11 +406,7 @@ def priority_server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
         "fcfs",
     )
     s = Server(model_dir, log, plugin=plugin, env={"VTC_LOG_INTERVAL": "0"}, args=args)
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(s)
 
 
 def test_an_urgent_tenant_goes_first_and_the_batch_band_stays_fair(priority_server):
@@ -477,11 +479,7 @@ def metrics_server(model_dir, tmp_path_factory) -> Iterator[Server]:
         env={"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"},
         args=("--max-running-requests", "2", "--enable-metrics"),
     )
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(s)
 
 
 def tokens(m: dict, tenant: str, kind: str) -> float:
@@ -598,11 +596,7 @@ def preemption_server(model_dir, tmp_path_factory) -> Iterator[Server]:
     )
     env = {"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"}
     s = Server(model_dir, log, plugin=True, env=env, args=args)
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(s)
 
 
 def test_an_urgent_arrival_preempts_a_running_batch_request_charged_once(preemption_server):
@@ -685,11 +679,7 @@ def retraction_server(model_dir, tmp_path_factory) -> Iterator[Server]:
     )
     env = {"VTC_LOG_INTERVAL": "0", "VTC_METRICS_INTERVAL": "0"}
     s = Server(model_dir, log, plugin=True, env=env, args=args)
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from running(s)
 
 
 def test_retraction_under_a_small_kv_pool_charges_nothing_twice(retraction_server):
