@@ -1,12 +1,17 @@
 """vtc.metrics.TenantMetrics: the per-tenant Prometheus series, driven through a
-real adapter and core, read back from the registry."""
+real adapter and core, read back from the registry, and each test again in
+prometheus_client's multiprocess mode, read back from the directory the way the
+engines' ``/metrics`` read it (``MultiProcessCollector``): there a removed series
+must leave the directory too."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
 from vtc.adapter import Adapter
@@ -22,12 +27,30 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(autouse=True, params=["registry", "directory"])
+def where(request, monkeypatch, tmp_path):
+    """Where the series are read: the registry, or a multiprocess directory."""
+    if request.param == "directory":
+        directory = tmp_path / "prom"
+        directory.mkdir()
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+        return directory
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    return None
+
+
 def setup(M=10_000, weights=None, **kw):
+    """An adapter with metrics, and the registry to read them from: in multiprocess
+    mode one that collects the directory, as an engine's /metrics does."""
     registry = CollectorRegistry()
     clock = Clock()
     metrics = TenantMetrics(registry, clock=clock, **{"interval": 0.0, **kw})
     core = vtc.Scheduler(M=M)
     adapter = Adapter(core, EngineConfig(weights=weights or {}), observers=[metrics])
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
     return adapter, metrics, registry, clock
 
 

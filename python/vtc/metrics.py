@@ -38,19 +38,26 @@ are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
 counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
 ``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
 that the core forgets, are removed. Tenant names are label values as they are, never parsed.
+
+In prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, how vLLM and
+SGLang serve a scheduler process's metrics) the series live in files of vtc's own
+(:mod:`vtc.multiproc`), from which a removed series leaves too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = ["OTHER", "TenantMetrics", "jain_index"]
@@ -66,7 +73,17 @@ SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 class _Families:
     """The metric families of one registry (each can be registered only once)."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, files: SeriesFiles | None) -> None:
+        self.files = files
+        with self.creating():
+            self._create(registry)
+
+    def creating(self) -> contextlib.AbstractContextManager[None]:
+        """The block in which series are made: with the values in vtc's own files
+        in multiprocess mode."""
+        return contextlib.nullcontext() if self.files is None else self.files.creating()
+
+    def _create(self, registry: Any) -> None:
         reg = {"registry": registry}
         # Several scheduler processes may write one multiprocess directory (vLLM's
         # data-parallel ranks): a process's gauges go with it ("live"), requests
@@ -112,29 +129,58 @@ class _Families:
             **live,
         )
         self.labelled = (self.service, self.counter, self.weight, self.requests, self.preemptions)
+        self.unlabelled = (
+            self.active,
+            self.jain,
+            self.spread,
+            self.bound,
+            self.sync_seconds,
+            self.sync_degraded,
+        )
 
 
-_BY_REGISTRY: dict[int, tuple[Any, _Families]] = {}
+_BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
 
 
 def _families(registry: Any) -> _Families:
     """The families of ``registry`` (prometheus_client's default if None), created
-    once per process; a new :class:`TenantMetrics` (a new engine in this process)
-    clears the series the last one left."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and values.ValueClass is values.MutexValue:
-        # prometheus_client chose in-memory values when it was imported, before the
-        # variable was set (or in a process forked from one that imported it then):
-        # these series must go to the directory the serving process reads.
-        values.ValueClass = values.get_value_class()
+    once per process and multiprocess directory; a new :class:`TenantMetrics` (a
+    new engine in this process) clears the series the last one left.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (read now: the engine may set it after
+    prometheus_client was imported) the values go to vtc's own files there."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
+        "prometheus_multiproc_dir", ""
+    )
     registry = REGISTRY if registry is None else registry
     entry = _BY_REGISTRY.get(id(registry))
-    if entry is None or entry[0] is not registry:
-        entry = (registry, _Families(registry))
+    if entry is not None and entry[0] is registry and entry[1] != directory:
+        for metric in entry[2].labelled + entry[2].unlabelled:  # another directory now
+            registry.unregister(metric)
+    if entry is None or entry[0] is not registry or entry[1] != directory:
+        files = SeriesFiles(directory) if directory else None
+        entry = (registry, directory, _Families(registry, files))
         _BY_REGISTRY[id(registry)] = entry
     else:
-        for metric in entry[1].labelled:
-            metric.clear()
-    return entry[1]
+        families = entry[2]
+        with _quiet():
+            for metric in families.labelled:
+                metric.clear()
+        if families.files is not None:
+            families.files.remove_tenants()
+            families.files.compact()
+    return entry[2]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without prometheus_client's warning that removal is not implemented in
+    multiprocess mode: vtc's files implement it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="(Removal of|Clearing) labels", category=UserWarning
+        )
+        yield
 
 
 def jain_index(rates: list[float]) -> float:
@@ -169,7 +215,7 @@ class TenantMetrics(Observer):
             raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
         if not (interval >= 0.0 and window > 0.0):
             raise ValueError(f"interval must be >= 0 and window > 0, got {interval}, {window}")
-        families = _families(registry)
+        families = self._families = _families(registry)
         self.service = families.service
         self.counter = families.counter
         self.weight = families.weight
@@ -219,6 +265,7 @@ class TenantMetrics(Observer):
             self._fold_into_other(tenant)
             self._remove(tenant)
             self._labelled.discard(tenant)
+        self._compact()
 
     def stepped(self, adapter: AdapterView) -> None:
         # Refresh every `interval`, and at the step that leaves the engine idle:
@@ -291,6 +338,7 @@ class TenantMetrics(Observer):
             span = now - start
             rates = [(services[t] - before[t]) / span for t in backlogged if t in was_backlogged]
             self.jain.set(jain_index(rates))
+        self._compact()
 
     def _read_tokens(self, core: Any) -> None:
         """Add what the core's tallies grew by since the last read to the pending
@@ -346,7 +394,8 @@ class TenantMetrics(Observer):
         key = (id(metric), *labels)
         entry = series.get(key)
         if entry is None:
-            entry = series[key] = [metric.labels(tenant, *labels), None]
+            with self._families.creating():
+                entry = series[key] = [metric.labels(tenant, *labels), None]
         return entry
 
     def _set(self, metric: Any, tenant: str, *labels: str, value: float) -> None:
@@ -356,13 +405,20 @@ class TenantMetrics(Observer):
             entry[1] = value
 
     def _remove(self, tenant: str) -> None:
-        """Remove every series of ``tenant``."""
-        metrics = {
-            id(m): m
-            for m in (self.service, self.counter, self.weight, self.requests, self.preemptions)
-        }
-        for metric_id, *labels in self._series.pop(tenant, {}):
-            try:
-                metrics[metric_id].remove(tenant, *labels)
-            except KeyError:  # pragma: no cover - already gone
-                pass
+        """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`)."""
+        metrics = {id(m): m for m in self._families.labelled}
+        with _quiet():
+            for metric_id, *labels in self._series.pop(tenant, {}):
+                try:
+                    metrics[metric_id].remove(tenant, *labels)
+                except KeyError:  # pragma: no cover - already gone
+                    pass
+        files = self._families.files
+        if files is not None:
+            files.remove(tenant)
+
+    def _compact(self) -> None:
+        """Rewrite vtc's multiprocess files that still hold removed series."""
+        files = self._families.files
+        if files is not None:
+            files.compact()

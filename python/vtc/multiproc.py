@@ -1,0 +1,197 @@
+"""vtc's Prometheus series in a prometheus_client multiprocess directory, in files of
+their own, so that a removed series leaves ``/metrics``.
+
+vLLM and SGLang serve the metrics of their scheduler processes through
+prometheus_client's multiprocess directory (``PROMETHEUS_MULTIPROC_DIR``): each
+process writes its values to mmapped files (``counter_<pid>.db``,
+``gauge_<mode>_<pid>.db``, ...) and the serving process's collector reads every
+``*.db`` file of the directory, taking a file's type (and a gauge's mode) from
+its name. prometheus_client never removes a value from those files (``remove()``
+only warns), so every tenant ever labelled would stay on ``/metrics`` until the
+server restarts.
+
+:class:`SeriesFiles` keeps vtc's values in files named the same way but with a
+process part of their own, ``<type>_<pid>-vtc.db``, which only vtc writes (the
+engine's own values stay in prometheus_client's files). Its :attr:`value_class`
+stands in for prometheus_client's value class while vtc's metrics and their
+children are created (:meth:`SeriesFiles.creating`).
+
+Invariant: after :meth:`SeriesFiles.compact`, each of vtc's files holds exactly
+the series not removed, each with the value last written. A file is rewritten
+whole under a name the collector does not read (``….db.new``) and put in place
+by one rename, so a scrape reads the old file or the new one, never both and
+never half of one: no counter is counted twice, none goes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import values
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+__all__ = ["SeriesFiles"]
+
+
+class _Value:
+    """One series' value (a counter, a gauge, a histogram bucket or sum), kept in
+    memory and written through to its :class:`SeriesFiles`; the interface of
+    prometheus_client's values (``inc``, ``set``, ``get``)."""
+
+    _multiprocess = True
+    files: SeriesFiles  # set on the subclass each SeriesFiles makes
+
+    def __init__(
+        self,
+        typ: str,
+        metric_name: str,
+        name: str,
+        labelnames: Any,
+        labelvalues: Any,
+        help_text: str,
+        multiprocess_mode: str = "",
+        **_kwargs: Any,
+    ) -> None:
+        self.prefix = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
+        self.key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        labelnames = tuple(labelnames)
+        self.tenant: str | None = labelvalues[0] if labelnames[:1] == ("tenant",) else None
+        self.value = 0.0
+        self.timestamp = 0.0
+        self.files.add(self)
+
+    def inc(self, amount: float) -> None:
+        self.files.write(self, self.value + amount, 0.0)
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self.files.write(self, value, timestamp or 0.0)
+
+    def set_exemplar(self, exemplar: Any) -> None:  # not kept in multiprocess mode
+        return
+
+    def get(self) -> float:
+        return self.value
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+class SeriesFiles:
+    """vtc's values of this process in ``directory`` (the module doc)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._files: dict[str, MmapedDict] = {}  # file prefix -> its open file
+        self._series: dict[str, dict[str, _Value]] = {}  # file prefix -> key -> value
+        self._tenants: dict[str, list[_Value]] = {}  # tenant label -> its values
+        self._stale: set[str] = set()  # prefixes whose file still holds removed series
+        self.value_class = type("Value", (_Value,), {"files": self})
+
+    @contextlib.contextmanager
+    def creating(self) -> Iterator[None]:
+        """prometheus_client's metrics created in this block (and the children made
+        by ``labels()``) keep their values here. Metrics read the value class when
+        they make a value, from the module: it is swapped for the block."""
+        with self._lock:
+            saved = values.ValueClass
+            values.ValueClass = self.value_class
+            try:
+                yield
+            finally:
+                values.ValueClass = saved
+
+    def path(self, prefix: str) -> str:
+        """The file of ``prefix`` (``counter``, ``gauge_livesum``, ...) for this process."""
+        return os.path.join(self.directory, f"{prefix}_{self._pid}-vtc.db")
+
+    # -- values --------------------------------------------------------------------------
+    def add(self, value: _Value) -> None:
+        with self._lock:
+            self._follow_fork()
+            self._series.setdefault(value.prefix, {})[value.key] = value
+            if value.tenant is not None:
+                self._tenants.setdefault(value.tenant, []).append(value)
+            self._file(value.prefix).write_value(value.key, value.value, value.timestamp)
+
+    def write(self, value: _Value, new: float, timestamp: float) -> None:
+        with self._lock:
+            self._follow_fork()
+            value.value, value.timestamp = new, timestamp
+            if self._series.get(value.prefix, {}).get(value.key) is value:
+                self._file(value.prefix).write_value(value.key, new, timestamp)
+
+    def remove(self, tenant: str) -> None:
+        """Remove every series labelled ``tenant`` (from the files at :meth:`compact`)."""
+        with self._lock:
+            for value in self._tenants.pop(tenant, ()):
+                series = self._series.get(value.prefix, {})
+                if series.get(value.key) is value:
+                    del series[value.key]
+                    self._stale.add(value.prefix)
+
+    def remove_tenants(self) -> None:
+        """Remove the series of every tenant."""
+        with self._lock:
+            for tenant in list(self._tenants):
+                self.remove(tenant)
+
+    def compact(self) -> None:
+        """Rewrite the files that still hold removed series."""
+        with self._lock:
+            self._follow_fork()
+            for prefix in sorted(self._stale):
+                self._rewrite(prefix)
+            self._stale.clear()
+
+    def tenants(self) -> set[str]:
+        """The tenants with series."""
+        with self._lock:
+            return set(self._tenants)
+
+    # -- files ---------------------------------------------------------------------------
+    def _file(self, prefix: str) -> MmapedDict:
+        file = self._files.get(prefix)
+        return self._rewrite(prefix) if file is None else file
+
+    def _rewrite(self, prefix: str) -> MmapedDict:
+        """Write ``prefix``'s series to a new file and put it in place of the old one
+        (a file left by an earlier process with this pid included)."""
+        path = self.path(prefix)
+        new = path + ".new"  # not *.db: the collector never reads it
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(new)
+        file = MmapedDict(new)
+        try:
+            for value in self._series.get(prefix, {}).values():
+                file.write_value(value.key, value.value, value.timestamp)
+            os.replace(new, path)
+        except BaseException:
+            file.close()
+            with contextlib.suppress(OSError):
+                os.unlink(new)
+            raise
+        old = self._files.get(prefix)
+        if old is not None:
+            old.close()
+        self._files[prefix] = file
+        return file
+
+    def _follow_fork(self) -> None:
+        """In a process forked from the one that made the values, start again from
+        zero in files of its own, as prometheus_client's values do: the parent's
+        files still count what the parent wrote."""
+        pid = os.getpid()
+        if pid == self._pid:
+            return
+        self._pid = pid
+        self._files.clear()  # the parent's: not closed here, the parent writes them
+        self._stale.clear()
+        for series in self._series.values():
+            for value in series.values():
+                value.value = value.timestamp = 0.0
