@@ -234,12 +234,13 @@ def test_shared_counter_defaults_and_every_variable():
         "VTC_SYNC_MODE": " Step ",
         "VTC_SYNC_LIVENESS_MS": "2500.5",
         "VTC_SYNC_RETRY_MS": " 200 ",
+        "VTC_SYNC_FORGET_MS": "1500.2",
     }
     assert set(env) == set(C.SHARED_VARIABLES)
     assert C.shared_counter_settings(env) == C.SharedCounterSettings(
         url="rediss://user:pw@redis.example:6380/2", namespace="prod", sync_interval=4,
         sync_ms=25.5, replica_id="r-1", timeout_ms=250.0, mode="step", liveness_ms=2501,
-        retry_ms=200.0,
+        retry_ms=200.0, forget_ms=1501,
     )  # fmt: skip
     assert C.EngineConfig.from_env(env).shared == C.shared_counter_settings(env)
     assert C.EngineConfig.from_env({}).shared is None
@@ -274,6 +275,8 @@ BAD_SHARED = [
     ({"VTC_SYNC_LIVENESS_MS": "900", "VTC_SYNC_MS": "1000"}, "LIVENESS_MS='900' .* every 1000 ms"),
     ({"VTC_SYNC_MS": "20000"}, r"LIVENESS_MS=unset \(10000\) is out of range.* every 20000 ms"),
     ({"VTC_SYNC_RETRY_MS": "-1"}, "VTC_SYNC_RETRY_MS='-1' is out of range"),
+    ({"VTC_SYNC_FORGET_MS": "0"}, "VTC_SYNC_FORGET_MS='0' is out of range"),
+    ({"VTC_SYNC_FORGET_MS": "inf"}, "VTC_SYNC_FORGET_MS='inf' is out of range"),
 ]  # fmt: skip
 
 

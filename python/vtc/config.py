@@ -56,6 +56,9 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
                            above the background period (10000)
 ``VTC_SYNC_RETRY_MS``      after a failed sync, the store is not tried again
                            for this long, > 0 (1000)
+``VTC_SYNC_FORGET_MS``     the store forgets the counter of a tenant no replica
+                           has had waiting or charged this long, once it is at
+                           most the global floor; > 0 (60000)
 =========================  =====================================================
 
 :func:`check_env` validates all of them at once; the engines call it at start-up,
@@ -134,6 +137,7 @@ SHARED_VARIABLES = (
     "VTC_SYNC_MODE",
     "VTC_SYNC_LIVENESS_MS",
     "VTC_SYNC_RETRY_MS",
+    "VTC_SYNC_FORGET_MS",
 )
 
 #: Longest ``VTC_REDIS_NAMESPACE`` (``vtc.distributed.check_namespace``'s rule).
@@ -480,6 +484,7 @@ class SharedCounterSettings:
     mode: str = "background"  # engines: sync from a thread, or "step": on the engine thread
     liveness_ms: int = 10_000  # silent this long: taken for dead, reaped by the others
     retry_ms: float = 1000.0  # after a failure, the store is left alone this long
+    forget_ms: int = 60_000  # idle this long (and at most the floor): the store forgets it
 
 
 def _redis_url(text: str) -> str:
@@ -552,6 +557,7 @@ def shared_counter_settings(
         mode=_sync_mode(env),
         liveness_ms=math.ceil(_positive(env, "VTC_SYNC_LIVENESS_MS") or 10_000),
         retry_ms=_positive(env, "VTC_SYNC_RETRY_MS") or 1000.0,
+        forget_ms=math.ceil(_positive(env, "VTC_SYNC_FORGET_MS") or 60_000),
     )
     period = settings.sync_ms or 50.0
     if settings.mode == "background" and settings.liveness_ms <= period:

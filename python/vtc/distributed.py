@@ -16,7 +16,11 @@ on Redis) that
    *global floor*: the least counter of the globally backlogged tenants (a
    sorted set), or the counter of the tenant that last left the backlog;
 3. reaps replicas that have not synced for ``liveness_ms`` (their waiting
-   tenants stop holding the floor down; what they charged stays counted);
+   tenants stop holding the floor down; what they charged stays counted), and
+   forgets the counters of tenants no replica has had waiting or charged for
+   ``forget_ms`` whose counter is at most the global floor (their return would
+   lift them to the floor anyway), so the store follows the live tenants, not
+   every tenant ever seen;
 4. pulls the global counters of the tenants waiting here (and of the tenants
    it just charged) and the global floor.
 
@@ -91,6 +95,7 @@ ENV_REPLICA = "VTC_REPLICA_ID"
 ENV_TIMEOUT_MS = "VTC_REDIS_TIMEOUT_MS"
 
 KEEP_MS = 7 * 24 * 3600 * 1000  # what the store applied from a replica outlives it this long
+FORGET_BATCH = 64  # idle tenants a sync looks at, at most (the rest wait for the next syncs)
 
 
 class SchedulerLike(Protocol):
@@ -141,8 +146,9 @@ class SyncRequest:
     last acknowledged sync (a reconciliation does not lift them: their deficit
     is kept), while ``add`` are arrivals (lifted to the global floor).
     ``hints`` (full syncs) are the replica's local counters, used only for a
-    tenant the store has no counter of (it lost its data). Keys are
-    :func:`encode`\\ d.
+    tenant the store has no counter of (it lost its data). ``forget_ms``: how
+    long a tenant no replica has waiting must go untouched (no charge, no
+    leave) before the store may forget its counter. Keys are :func:`encode`\\ d.
     """
 
     replica: str
@@ -158,6 +164,7 @@ class SyncRequest:
     liveness_ms: int
     keep: list[str] = field(default_factory=list)
     hints: dict[str, float] = field(default_factory=dict)
+    forget_ms: int = 60_000
 
 
 @dataclass
@@ -201,7 +208,8 @@ def stored_number(raw: Any) -> float | None:
 
 # The whole sync, atomically, in one round trip.  ARGV: prefix, replica, known epoch,
 # incarnation, full, liveness_ms, keep_ms, seq, base, MAX_COUNTER, the glob pattern of the
-# namespace's keys (escaped: dropped when one holds the wrong type), then six lists, each
+# namespace's keys (escaped: dropped when one holds the wrong type), forget_ms,
+# FORGET_BATCH, then six lists, each
 # one JSON array of strings: services (tenant, amount, ...), hints (tenant, value, ...),
 # adds, keeps, removes, pulls.  The reply: 'ok', the epoch, the floor, and the pulled
 # counters as one string, comma-separated ('' for none).  One argument per list and one
@@ -212,13 +220,29 @@ def stored_number(raw: Any) -> float | None:
 # (corrupt, or written by someone else) is replaced by the global floor (where a returning
 # tenant goes: it neither starves nor banks), a backlog score that is not is re-scored
 # from the counter, a lastleft that is not is ignored.
+#
+# Forgetting (`idle`: the tenants with a counter that no replica has waiting, by the time
+# they were last touched; `forgot`: the largest counter forgotten).  The global floor does
+# not go down while replicas sync (arrivals join at it or above, counters only grow, and
+# when the backlog empties the floor is the counter of the last to leave, which was at it
+# or above); so a tenant whose counter is at most the floor, and that nobody has waiting,
+# returns to exactly the floor: its counter decides nothing and may go.  `forget_ms`
+# without a touch keeps the tenants with requests still running (charged at every sync)
+# out of it.  A tenant with no counter then counts from `forgot`, never from 0: service
+# pushed for it, a reconciliation that keeps it waiting, or a hint, never start below
+# what any forgotten counter was (so forgetting cannot hand a tenant a deficit it never
+# had).  Only a reconciliation after a fault lowers the floor (a tenant kept at its
+# deficit): the forgotten counters were then at most the floor before, which is the
+# error a data loss makes for every tenant anyway.
 SYNC_LUA = r"""
 local P, rid, known, inc = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local full = ARGV[5] == '1'
 local live, keep = tonumber(ARGV[6]), tonumber(ARGV[7])
 local seq, base = tonumber(ARGV[8]), tonumber(ARGV[9])
 local MAXV = tonumber(ARGV[10])
+local forget, batch = tonumber(ARGV[12]), tonumber(ARGV[13])
 local CNT, BL, REFS = P .. 'counter', P .. 'backlog', P .. 'refs'
+local IDLE, FORGOT = P .. 'idle', P .. 'forgot'
 local LAST, REPS = P .. 'lastleft', P .. 'replicas'
 local W, S = P .. 'w:' .. rid, P .. 's:' .. rid
 local OWN, GONE = P .. 'owner', P .. 'gone:' .. rid
@@ -250,7 +274,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local corrupt = false
 for _, kt in ipairs({{P .. 'epoch', 'string'}, {CNT, 'hash'}, {BL, 'zset'}, {REFS, 'hash'},
                      {LAST, 'string'}, {REPS, 'zset'}, {W, 'set'}, {S, 'hash'},
-                     {OWN, 'hash'}, {GONE, 'set'}}) do
+                     {OWN, 'hash'}, {GONE, 'set'}, {IDLE, 'zset'}, {FORGOT, 'string'}}) do
   corrupt = corrupt or wrong_type(kt[1], kt[2])
 end
 if not corrupt then  -- the waiting sets about to be reaped
@@ -301,7 +325,7 @@ local function floor_value()
 end
 local function write(c, g)
   redis.call('HSET', CNT, c, fmt(g))
-  if refs(c) > 0 then redis.call('ZADD', BL, fmt(g), c) end
+  if refs(c) > 0 then redis.call('ZADD', BL, fmt(g), c) else redis.call('ZADD', IDLE, now, c) end
 end
 -- a tenant's counter: nil if it has none; a corrupt one is replaced by the floor
 local function read(c)
@@ -321,7 +345,10 @@ local function leave(c)
     redis.call('HDEL', REFS, c)
     redis.call('ZREM', BL, c)
     local g = read(c)
-    if g then redis.call('SET', LAST, fmt(g)) end
+    if g then
+      redis.call('SET', LAST, fmt(g))
+      redis.call('ZADD', IDLE, now, c)
+    end
   else
     redis.call('HSET', REFS, c, r)
   end
@@ -329,6 +356,7 @@ end
 local function join(c)
   local r = refs(c) + 1
   redis.call('HSET', REFS, c, r)
+  if r == 1 then redis.call('ZREM', IDLE, c) end
   return r == 1
 end
 
@@ -345,6 +373,26 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', REPS, '-inf', now - live)) do
 end
 redis.call('ZADD', REPS, now, rid)
 
+-- forgetting (the comment above SYNC_LUA): idle tenants untouched for `forget` ms, a batch
+local forgot = num(redis.call('GET', FORGOT)) or 0
+local fl0 = floor_value()
+if fl0 then
+  local was = forgot
+  for _, c in ipairs(redis.call('ZRANGEBYSCORE', IDLE, '-inf', now - forget, 'LIMIT', 0, batch)) do
+    local g = num(redis.call('HGET', CNT, c))
+    if g and refs(c) == 0 and g > fl0 then
+      redis.call('ZADD', IDLE, now, c)  -- above the floor: looked at again later
+    else
+      redis.call('ZREM', IDLE, c)
+      if g and refs(c) == 0 then
+        redis.call('HDEL', CNT, c)
+        if g > forgot then forgot = g end
+      end
+    end
+  end
+  if forgot > was then redis.call('SET', FORGOT, fmt(forgot)) end
+end
+
 -- what was applied from this replica since its last acknowledged sync
 local replay = false
 local rseq, rbase = num(redis.call('HGET', S, '#seq')), num(redis.call('HGET', S, '#base'))
@@ -356,7 +404,7 @@ elseif base >= rseq then
   redis.call('DEL', S)         -- the replica saw the reply to everything applied
 end
 
-local i = 12
+local i = 14
 local function list()
   local out = cjson.decode(ARGV[i]); i = i + 1
   return out
@@ -374,7 +422,7 @@ if not replay then
     local old = num(redis.call('HGET', S, c)) or 0
     if amt > old then
       local g = read(c)
-      if g then g = g + (amt - old) else g = math.max(hint[c] or 0, amt - old) end
+      if g then g = g + (amt - old) else g = math.max(hint[c] or 0, forgot + amt - old) end
       write(c, math.min(g, MAXV))
       redis.call('HSET', S, c, svc[k + 1])
     end
@@ -382,7 +430,7 @@ if not replay then
   redis.call('HSET', S, '#inc', inc, '#seq', seq, '#base', base)
   if keep > 0 then redis.call('PEXPIRE', S, keep) end
   for c, v in pairs(hint) do
-    if v and redis.call('HEXISTS', CNT, c) == 0 then write(c, v) end
+    if v and redis.call('HEXISTS', CNT, c) == 0 then write(c, math.max(v, forgot)) end
   end
 
   -- the waiting set of this replica: leavers first, then the tenants waiting here all
@@ -402,7 +450,7 @@ if not replay then
   end
   for _, c in ipairs(keeps) do
     if redis.call('SADD', W, c) == 1 and join(c) then
-      local g = read(c) or 0
+      local g = read(c) or forgot
       write(c, g)
     end
   end
@@ -411,7 +459,7 @@ if not replay then
   local f = floor_value()
   for _, c in ipairs(adds) do
     if redis.call('SADD', W, c) == 1 and join(c) then
-      local g = read(c) or 0
+      local g = read(c) or forgot
       if f and f > g then g = f end
       write(c, g)
     end
@@ -489,7 +537,10 @@ class RedisStore:
     ``s:<replica>`` (hash: what the store applied from that replica since its
     last acknowledged sync, and ``#inc``/``#seq``/``#base``); ``owner`` (hash:
     replica -> the incarnation that owns the id); ``gone:<replica>`` (set: the
-    incarnations a newer one displaced, refused if they sync again).
+    incarnations a newer one displaced, refused if they sync again); ``idle``
+    (sorted set: tenants with a counter that no replica has waiting, by when
+    last touched, ms) and ``forgot`` (the largest counter forgotten; a tenant
+    without a counter counts from it).
     ``bytes_out``/``bytes_in`` count the RESP bytes of every sync.
     """
 
@@ -537,6 +588,8 @@ class RedisStore:
             req.base,
             repr(MAX_COUNTER),
             self._pattern,
+            req.forget_ms,
+            FORGET_BATCH,
         ]
         for pairs in (req.services, req.hints):
             flat: list[str] = []
@@ -607,6 +660,9 @@ class LocalStore:
         self.applied: dict[str, _Applied] = {}
         self.owner: dict[str, str] = {}
         self.gone: dict[str, set[str]] = {}
+        self.idle: dict[str, float] = {}  # tenants nobody has waiting -> last touched
+        self.forgot = 0.0  # the largest counter forgotten
+        self._now = 0.0
 
     def _floor(self) -> float | None:
         if self.bl:
@@ -617,6 +673,8 @@ class LocalStore:
         self.counter[c] = g
         if self.refs.get(c, 0) > 0:
             self.bl[c] = g
+        else:
+            self.idle[c] = self._now
 
     def _leave(self, c: str) -> None:
         self.refs[c] = self.refs.get(c, 0) - 1
@@ -625,10 +683,31 @@ class LocalStore:
             self.bl.pop(c, None)
             if c in self.counter:
                 self.lastleft = self.counter[c]
+                self.idle[c] = self._now
 
     def _join(self, c: str) -> bool:
         self.refs[c] = self.refs.get(c, 0) + 1
+        if self.refs[c] == 1:
+            self.idle.pop(c, None)
         return self.refs[c] == 1
+
+    def _forget(self, now: float, forget_ms: float) -> None:
+        """Forget the counters of idle tenants untouched for ``forget_ms``, at most
+        the floor (the comment above :data:`SYNC_LUA`), a batch at a time."""
+        floor = self._floor()
+        if floor is None:
+            return
+        due = sorted((t, c) for c, t in self.idle.items() if t <= now - forget_ms)
+        for _, c in due[:FORGET_BATCH]:
+            g = self.counter.get(c)
+            idle = self.refs.get(c, 0) == 0
+            if g is not None and idle and g > floor:
+                self.idle[c] = now  # above the floor: looked at again later
+                continue
+            del self.idle[c]
+            if g is not None and idle:
+                del self.counter[c]
+                self.forgot = max(self.forgot, g)
 
     def sync(self, req: SyncRequest) -> SyncReply:
         """What the Lua script does, step by step."""
@@ -645,7 +724,7 @@ class LocalStore:
             self.owner[req.replica] = req.incarnation
         if not req.full and (self.epoch != req.epoch or req.replica not in self.seen):
             return SyncReply("resync", self.epoch)
-        now = self.clock()
+        now = self._now = self.clock()
         for d in sorted(r for r, s in self.seen.items() if s <= now - req.liveness_ms):
             if d != req.replica:
                 for c in sorted(self.waiting.pop(d, set())):
@@ -653,6 +732,7 @@ class LocalStore:
                 del self.seen[d]
                 self.owner.pop(d, None)
         self.seen[req.replica] = now
+        self._forget(now, req.forget_ms)
         rec = self.applied.get(req.replica)
         replay = False
         if rec is None or rec.inc != req.incarnation:
@@ -671,14 +751,14 @@ class LocalStore:
                 if amt > old:
                     g = self.counter.get(c)
                     if g is None:
-                        g = max(req.hints.get(c, 0.0), amt - old)
+                        g = max(req.hints.get(c, 0.0), self.forgot + amt - old)
                     else:
                         g += amt - old
                     self._write(c, min(g, MAX_COUNTER))
                     rec.amounts[c] = amt
             for c, v in req.hints.items():
                 if c not in self.counter:
-                    self._write(c, v)
+                    self._write(c, max(v, self.forgot))
             mine = self.waiting.setdefault(req.replica, set())
             if req.full:
                 rems = sorted(mine - set(req.add) - set(req.keep))
@@ -692,13 +772,13 @@ class LocalStore:
                 if c not in mine:
                     mine.add(c)
                     if self._join(c):
-                        self._write(c, self.counter.get(c, 0.0))
+                        self._write(c, self.counter.get(c, self.forgot))
             f = self._floor()
             for c in req.add:
                 if c not in mine:
                     mine.add(c)
                     if self._join(c):
-                        g = self.counter.get(c, 0.0)
+                        g = self.counter.get(c, self.forgot)
                         if f is not None and f > g:
                             g = f
                         self._write(c, g)
@@ -753,7 +833,10 @@ class SharedCounters:
     first).  ``liveness_ms``: a replica that has not synced for that long is
     considered dead and its waiting tenants leave the global backlog.
     ``retry_ms``: after a failure the store is not tried again for that long
-    (the scheduler runs as a local VTC meanwhile).  ``replica_id`` names this
+    (the scheduler runs as a local VTC meanwhile). ``forget_ms``: the store
+    forgets the counter of a tenant no replica has had waiting or charged for
+    that long once it is at most the global floor (it would return to the
+    floor anyway): the store's memory follows the live tenants.  ``replica_id`` names this
     replica; it must be unique among live replicas (the default is
     host-pid-random). A restarted replica may keep its id: the store tells
     incarnations apart. Two live ones with one id are told apart too: the
@@ -776,6 +859,7 @@ class SharedCounters:
         sync_ms: float | None = None,
         liveness_ms: int = 10_000,
         retry_ms: float = 1000.0,
+        forget_ms: int = 60_000,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if isinstance(sync_interval, bool) or not isinstance(sync_interval, int):
@@ -787,8 +871,11 @@ class SharedCounters:
         self.replica_id = replica_id or default_id
         self.sync_interval = sync_interval
         self.sync_ms = sync_ms
+        if isinstance(forget_ms, bool) or not isinstance(forget_ms, int) or forget_ms < 0:
+            raise ValueError(f"forget_ms must be an int >= 0, got {forget_ms!r}")
         self.liveness_ms = liveness_ms
         self.retry_ms = retry_ms
+        self.forget_ms = forget_ms
         self.clock = clock or (lambda: time.monotonic() * 1000)
         self.stats = SyncStats()
         self.degraded = False
@@ -1068,6 +1155,7 @@ class SharedCounters:
             self.liveness_ms,
             keep=keep,
             hints=hints,
+            forget_ms=self.forget_ms,
         )
         self.stats.round_trips += 1
         self.stats.pushed_tenants += len(push)
@@ -1203,6 +1291,7 @@ def from_settings(
         sync_ms=settings.sync_ms,
         liveness_ms=settings.liveness_ms,
         retry_ms=settings.retry_ms,
+        forget_ms=settings.forget_ms,
     )
     shared.mode = settings.mode
     return shared

@@ -181,16 +181,22 @@ def test_from_env():
     )
     assert shared is not None and shared.sync_interval == 7
     assert shared.store.prefix == "vtc:{x}:"
-    assert (shared.liveness_ms, shared.retry_ms) == (10_000, 1000.0)  # the defaults
-    env = {D.ENV_URL: "redis://h/0", "VTC_SYNC_LIVENESS_MS": "30000", "VTC_SYNC_RETRY_MS": "5"}
+    assert (shared.liveness_ms, shared.retry_ms, shared.forget_ms) == (10_000, 1000.0, 60_000)
+    env = {
+        D.ENV_URL: "redis://h/0",
+        "VTC_SYNC_LIVENESS_MS": "30000",
+        "VTC_SYNC_RETRY_MS": "5",
+        "VTC_SYNC_FORGET_MS": "120000",
+    }
     shared = D.from_env(env)
-    assert (shared.liveness_ms, shared.retry_ms) == (30_000, 5.0)
+    assert (shared.liveness_ms, shared.retry_ms, shared.forget_ms) == (30_000, 5.0, 120_000)
 
 
 def test_twin_answers_every_request_as_the_script_does(redis_server):
     """Random syncs of three replicas (diffs, full syncs with keeps and hints, lost replies,
     replays, new incarnations, data loss, an old incarnation that lives on beside a new
-    one under the same id): LocalStore and the Lua script agree exactly."""
+    one under the same id, idle tenants forgotten): LocalStore and the Lua script agree
+    exactly."""
     import random
 
     rng = random.Random(7)
@@ -234,6 +240,7 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
                 10**9,
                 keep=keep,
                 hints=hints,
+                forget_ms=rng.choice([0, 10**9]),  # forgetting due at once, or never
             )
             last[r] = q
         a, b = red.sync(q), twin.sync(q)
