@@ -20,7 +20,8 @@ run: $(BIN)/python
 dev: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
-## system-deps: Debian packages the tests need (redis-server, for tests/redis)
+## system-deps: Debian packages the tests need (redis-server: tests/redis and the engines'
+## replica tests)
 system-deps:
 	@command -v redis-server >/dev/null || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -69,7 +70,7 @@ $(VLLM_VENV)/bin/python:
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 
-test-vllm: $(VLLM_VENV)/bin/python
+test-vllm: system-deps $(VLLM_VENV)/bin/python
 	bash scripts/install-vllm.sh $(VLLM_VENV)/bin/python
 	$(VLLM_VENV)/bin/pip install -q '.[test]'
 	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm/test_vllm_scheduler.py tests/vllm/test_vllm_startup.py \
@@ -83,7 +84,7 @@ clean:
 ## test-sglang: SGLang 0.5.23 (CPU) and vtc in their own virtualenv, then tests/sglang
 SGLANG_VENV ?= .venv-sglang
 .PHONY: test-sglang
-test-sglang:
+test-sglang: system-deps
 	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
 	scripts/install-sglang.sh $(SGLANG_VENV)

@@ -1,0 +1,168 @@
+"""Two real SGLang servers sharing counters through a real ``redis-server`` (issue 15,
+item 4, the SGLang form of tests/vllm/test_vllm_replicas.py).
+
+Two servers (CPU engine, the tiny Llama, ``SLOTS`` requests running at a time), both
+with the plugin and ``VTC_REDIS_URL``. Tenant ``A`` sends its requests only to server
+0; tenant ``B`` to both. Each (server, tenant) pair holds far more requests than the
+batch has slots from before the first scrape to after the last.
+
+With per-server counters server 0 would split evenly between A and B and server 1
+serve only B: A would get a quarter of all tokens for servers of equal speed. With
+shared counters B's global counter grows with what server 1 serves it, so server 0
+serves A until A catches up: A's max-min fair share is ``min(c0 / T, 1/2)`` (``c0``
+the tokens server 0 generates, ``T`` both servers'), a half for equal speeds.
+
+Everything is read from the servers' own records: the plugin's per-tenant series on
+each server's ``/metrics`` (generated tokens, waiting requests, ``vtc_sync_degraded``)
+and the store in Redis. A share is the growth of the decode-token counters between two
+scrapes at both of which every (server, tenant) pair still had requests waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_sglang_server import DEADLINE, PROMPT, Server, requests_of, tokens
+from tiny_model import make_tiny_llama
+
+from vtc.distributed import RedisStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from redis_server import RedisServer, running_redis  # noqa: E402
+
+SLOTS = 2  # --max-running-requests
+MAX_NEW = 32
+PER_PAIR = 96  # requests each (server, tenant) pair receives, at once
+WARMUP = 6 * SLOTS * MAX_NEW  # tokens each server generates before the first scrape
+WINDOW = 24 * SLOTS * MAX_NEW  # tokens both generate between the two scrapes
+NAMESPACE = "sglang-replicas"
+PAIRS = ((0, "A"), (0, "B"), (1, "B"))
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory) -> Iterator[RedisServer]:
+    yield from running_redis(tmp_path_factory.mktemp("redis"))
+
+
+@pytest.fixture(scope="module")
+def servers(redis, tmp_path_factory) -> Iterator[list[Server]]:
+    """Two servers with shared counters, started together (each answers in 40-150 s)."""
+    model_dir = make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    here = tmp_path_factory.mktemp("sglang-replicas")
+    made = [
+        Server(
+            model_dir,
+            here / f"r{i}.log",
+            plugin=True,
+            env={
+                "VTC_REDIS_URL": redis.url,
+                "VTC_REDIS_NAMESPACE": NAMESPACE,
+                "VTC_REPLICA_ID": f"r{i}",
+                "VTC_METRICS_INTERVAL": "0",
+                "VTC_LOG_INTERVAL": "0",
+            },
+            args=("--max-running-requests", str(SLOTS), "--enable-metrics"),
+        )
+        for i in range(2)
+    ]
+    try:
+        for s in made:
+            s.wait_ready()
+        yield made
+    finally:
+        for s in made:
+            s.stop()
+
+
+def flood(server: Server, tenant: str, n: int, errors: list) -> threading.Thread:
+    """One batch ``/generate`` of ``n`` prompts of ``tenant``: SGLang queues them all
+    at once (the client does nothing more until they are done or the server stops)."""
+    body = {
+        "input_ids": [PROMPT] * n,
+        "sampling_params": {
+            "max_new_tokens": MAX_NEW,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "custom_params": {"tenant": tenant},
+        },
+    }
+
+    def post() -> None:
+        req = urllib.request.Request(
+            server.url + "/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=DEADLINE) as r:
+                r.read()
+        except Exception as e:  # the server stopped at teardown, or a real failure
+            errors.append(e)
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+def scrape_all(servers: list[Server]) -> list[dict]:
+    return [s.metrics() for s in servers]
+
+
+def all_backlogged(ms: list[dict]) -> bool:
+    return all(requests_of(ms[i], t)[0] > 0 for i, t in PAIRS)
+
+
+def decoded(ms: list[dict]) -> float:
+    return sum(tokens(m, t, "decode") for m in ms for t in "AB")
+
+
+def test_a_tenant_pinned_to_one_server_gets_its_fair_share_with_shared_counters(servers, redis):
+    """A's share of the tokens generated while every pair is backlogged is close to its
+    max-min fair share (a half for equal speeds; a quarter without sharing)."""
+    s0, s1 = servers
+    errors: list = []
+    for i, tenant in PAIRS:
+        flood(servers[i], tenant, PER_PAIR, errors)
+    s0.poll(
+        "every pair backlogged and both servers warmed up",
+        lambda: scrape_all(servers),
+        lambda ms: (
+            all_backlogged(ms)
+            and all(sum(tokens(m, t, "decode") for t in "AB") >= WARMUP for m in ms)
+        ),
+        every=0.2,
+    )
+    start = scrape_all(servers)
+    assert all_backlogged(start), start
+    end = s0.poll(
+        "a window of tokens",
+        lambda: scrape_all(servers),
+        lambda ms: decoded(ms) - decoded(start) >= WINDOW,
+        every=0.2,
+    )
+    assert all_backlogged(end), "a pair ran dry inside the window: raise PER_PAIR"
+    assert not errors, errors
+    grew = {
+        (i, t): tokens(end[i], t, "decode") - tokens(start[i], t, "decode")
+        for i in (0, 1)
+        for t in "AB"
+    }
+    total = sum(grew.values())
+    c0 = grew[(0, "A")] + grew[(0, "B")]
+    share = grew[(0, "A")] / total
+    fair = min(c0 / total, 0.5)
+    alone = c0 / total / 2
+    print(f"\nSGLang replicas: A's share {share:.3f}, fair {fair:.3f}, per-server ~{alone:.3f}")
+    assert grew[(1, "A")] == 0  # A never reached server 1
+    # clearly above what per-server counters give (c0 / 2T), close to the fair share
+    assert share > 0.8 * fair and share > 0.6 * c0 / total, (share, fair, grew)
+    assert all(m[("vtc_sync_degraded", frozenset())] == 0 for m in end)
+    store = RedisStore.from_url(redis.url, NAMESPACE, timeout_ms=2000)
+    assert sorted(store.replicas()) == ["r0", "r1"]
+    assert {"A", "B"} <= set(store.counters())
