@@ -52,7 +52,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -158,29 +158,33 @@ def _families(registry: Any) -> _Families:
         for metric in entry[2].labelled + entry[2].unlabelled:  # another directory now
             registry.unregister(metric)
     if entry is None or entry[0] is not registry or entry[1] != directory:
-        files = SeriesFiles(directory) if directory else None
+        files = None
+        if directory:
+            files = SeriesFiles(directory)
+            _silence_removal_warnings()
         entry = (registry, directory, _Families(registry, files))
         _BY_REGISTRY[id(registry)] = entry
     else:
         families = entry[2]
-        with _quiet():
-            for metric in families.labelled:
-                metric.clear()
+        for metric in families.labelled:
+            metric.clear()
         if families.files is not None:
             families.files.remove_tenants()
             families.files.compact()
     return entry[2]
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Without prometheus_client's warning that removal is not implemented in
-    multiprocess mode: vtc's files implement it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="(Removal of|Clearing) labels", category=UserWarning
-        )
-        yield
+def _silence_removal_warnings() -> None:
+    """Drop prometheus_client's warning that removing a series is not implemented in
+    multiprocess mode: for vtc's series, :mod:`vtc.multiproc` implements it. A filter
+    added once (``catch_warnings`` around each call would swap the process's filters
+    under the other threads' feet)."""
+    warnings.filterwarnings(
+        "ignore",
+        message="(Removal of|Clearing) labels",
+        category=UserWarning,
+        module="prometheus_client",
+    )
 
 
 def jain_index(rates: list[float]) -> float:
@@ -407,12 +411,11 @@ class TenantMetrics(Observer):
     def _remove(self, tenant: str) -> None:
         """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`)."""
         metrics = {id(m): m for m in self._families.labelled}
-        with _quiet():
-            for metric_id, *labels in self._series.pop(tenant, {}):
-                try:
-                    metrics[metric_id].remove(tenant, *labels)
-                except KeyError:  # pragma: no cover - already gone
-                    pass
+        for metric_id, *labels in self._series.pop(tenant, {}):
+            try:
+                metrics[metric_id].remove(tenant, *labels)
+            except KeyError:  # pragma: no cover - already gone
+                pass
         files = self._families.files
         if files is not None:
             files.remove(tenant)
