@@ -21,6 +21,10 @@ from vtc import reference
 CLIENTS = [0, 1, 2, "a", "b", "tenant-x", -5]
 
 
+class LookupBroken(Exception):
+    """A prefix lookup's own failure (the engine's cache is unreachable)."""
+
+
 def _apply(s, op, args):
     try:
         return ("ok", getattr(s, op)(*args))
@@ -28,6 +32,36 @@ def _apply(s, op, args):
         return ("err", type(e).__name__)
     except TypeError:
         return ("err", "TypeError")
+    except LookupBroken:
+        return ("err", "LookupBroken")
+
+
+class _Cache:
+    """A deterministic engine cache for the locality window: the answer for a
+    request is a function of (seed, request id, epoch) only, so the core and the
+    reference, each with its own instance, hear the same thing. Mostly an int in
+    range (coarse, so hits tie), sometimes past the request's tokens, negative,
+    not an int (a float, a bool), a numpy int, or the lookup raising; the epoch
+    moves when the cache changes. Each instance records the ids it was asked."""
+
+    def __init__(self, seed: int, epoch: list[int]):
+        self.seed, self.epoch, self.calls = seed, epoch, []
+
+    def __call__(self, rid):
+        self.calls.append(rid)
+        r = random.Random(self.seed * 1_000_003 + rid * 7_919 + self.epoch[0] * 104_729)
+        x = r.random()
+        if x < 0.02:
+            raise LookupBroken(f"cache down for request {rid}")
+        if x < 0.03:
+            return r.choice([-1, 1.5, True, "3"])
+        if x < 0.05:
+            return 10**6  # past any footprint here
+        if x < 0.15:
+            return np.int64(r.randint(0, 2))
+        if x < 0.7:
+            return r.choice([0, 0, 1, 1, 2])
+        return r.randrange(0, 48, 8)
 
 
 def _random_op(rng: random.Random, known: list[int], next_rid: list[int], M: int, bands=None):
@@ -132,7 +166,7 @@ def _random_accounting(rng: random.Random, M: int) -> dict:
     return kwargs
 
 
-def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
+def _run_sequence(seed: int, policy: str, n_ops: int, locality: bool = False) -> int:
     rng = random.Random(seed)
     M = rng.choice([8, 16, 64, 200, 1000])
     wp = rng.choice([1.0, 0.5, 2.0])
@@ -146,21 +180,67 @@ def _run_sequence(seed: int, policy: str, n_ops: int) -> int:
         ref = reference.Scheduler(M, wp, wq, policy, **kwargs)
     # a third of the sequences submit in priority bands
     bands = None
+    weights = None
     if rng.random() < 0.35:
         bands = [0, 0, 0, 1, 1, -2, 7, None] + [2**63] * (rng.random() < 0.1)
         if rng.random() < 0.5:  # weighted bands from the start
             weights = _random_band_weights(rng)
             fast.set_band_weights(weights)
             ref.set_band_weights(weights)
+    caches = None
+    if locality:  # a quantum and a lookup, drawn apart so the sequences stay the same
+        lrng = random.Random(seed + 77)
+        Q = lrng.choice([0.0, 1.0, 5.0, 50.0, 500.0, 1e9])
+        if policy == "fcfs":  # no counter to be within: Q > 0 is an error, Q = 0 plain
+            kw = {"wp": wp, "wq": wq} if "cost" not in kwargs else {}
+            for S in (vtc.Scheduler, reference.Scheduler):
+                with pytest.raises(vtc.InvalidArgumentError, match="fcfs"):
+                    S(M, policy=policy, locality_quantum=max(Q, 1.0), **kw, **kwargs)
+            Q = 0.0
+        kw = {"wp": wp, "wq": wq} if "cost" not in kwargs else {}
+        fast = vtc.Scheduler(M, policy=policy, locality_quantum=Q, **kw, **kwargs)
+        ref = reference.Scheduler(M, policy=policy, locality_quantum=Q, **kw, **kwargs)
+        assert fast.locality_quantum == ref.locality_quantum == Q
+        if bands is not None and weights is not None:
+            fast.set_band_weights(weights)
+            ref.set_band_weights(weights)
+        epoch = [0]
+        caches = (_Cache(seed, epoch), _Cache(seed, epoch))
+        lookups = list(caches)  # the lookup each scheduler has now (None: none)
+        fast.set_prefix_lookup(caches[0])
+        ref.set_prefix_lookup(caches[1])
     known: list[int] = []
     next_rid = [0]
     for i in range(n_ops):
         op, args = _random_op(rng, known, next_rid, M, bands)
+        if caches is not None:
+            r = lrng.random()
+            if r < 0.05:
+                epoch[0] += 1  # the engine's cache changed
+            elif r < 0.08:  # the lookup taken away, or given back
+                lookups = list(caches) if lrng.random() < 0.7 else [None, None]
+                fast.set_prefix_lookup(lookups[0])
+                ref.set_prefix_lookup(lookups[1])
+                continue
+            for c in caches:
+                c.calls.clear()
         got = _apply(fast, op, args)
         want = _apply(ref, op, args)
         assert got == want, f"seed {seed} op {i}: {op}{args}: core {got} != reference {want}"
+        if caches is not None:
+            calls = (caches[0].calls, caches[1].calls)
+            assert calls[0] == calls[1], f"seed {seed} op {i}: {op}: lookups {calls}"
+            if Q == 0.0:
+                assert calls[0] == []
+            peeks = (_apply(fast, "peek", ()), _apply(ref, "peek", ()))
+            assert peeks[0] == peeks[1], f"seed {seed} op {i}: peek {peeks}"
+            fast.set_prefix_lookup(None)  # state() peeks: plain VTC while reading
+            ref.set_prefix_lookup(None)
         a = state(fast, known[-8:])
         b = state(ref, known[-8:])
+        if caches is not None:
+            fast.set_prefix_lookup(lookups[0])
+            ref.set_prefix_lookup(lookups[1])
         assert a == b, f"seed {seed} op {i}: {op}{args}: state diverged\ncore {a}\nref  {b}"
         credits = [(fast.credit(c), ref.credit(c)) for c in CLIENTS]
         assert all(x == y for x, y in credits), f"seed {seed} op {i}: credits {credits}"
@@ -182,6 +262,23 @@ def test_random_sequences_match_reference(policy):
     for seed in range(700):
         submitted += _run_sequence(seed * 7 + len(policy), policy, 60)
     assert submitted > 10_000  # the sequences really exercised the schedulers
+
+
+@pytest.mark.parametrize("policy", ["vtc", "lcf", "fcfs"])
+def test_random_sequences_with_a_locality_window_match_reference(policy):
+    """The same sequences with a quantum and a deterministic engine cache as the
+    prefix lookup (sometimes failing, out of range or not an int, sometimes taken
+    away): the same outcomes, the same lookups asked in the same order, the same
+    state after every call."""
+    submitted = 0
+    for seed in range(500):
+        submitted += _run_sequence(seed * 7 + len(policy), policy, 60, locality=True)
+    assert submitted > 7_000
+
+
+def test_long_sequences_with_a_locality_window_match_reference():
+    for seed in range(12):
+        _run_sequence(20_000 + seed, "vtc", 1500, locality=True)
 
 
 def test_long_sequences_match_reference():

@@ -1,4 +1,4 @@
-"""Locality VTC in the reference (issue 19, item 1; docs/locality.md).
+"""Locality VTC in the reference and the core (issue 19, item 1; docs/locality.md).
 
 A quantum ``Q`` (``locality_quantum``) opens a window over the counters: any
 client backlogged in the chosen band whose counter is within ``Q`` of the
@@ -28,6 +28,9 @@ import vtc
 from helpers import state
 from vtc import reference
 
+# every rule test runs against the reference and the core (vtc.Scheduler)
+IMPLS = pytest.mark.parametrize("Sched", [reference.Scheduler, vtc.Scheduler], ids=["ref", "core"])
+
 
 def _lookup_from(hits: dict):
     calls = []
@@ -43,27 +46,31 @@ def _lookup_from(hits: dict):
 
 
 @pytest.mark.parametrize("q", [-1, -0.5, math.nan, math.inf, -math.inf])
-def test_a_bad_quantum_is_an_invalid_argument_naming_it(q):
+@IMPLS
+def test_a_bad_quantum_is_an_invalid_argument_naming_it(Sched, q):
     with pytest.raises(vtc.InvalidArgumentError, match="locality_quantum") as e:
-        reference.Scheduler(100, locality_quantum=q)
+        Sched(100, locality_quantum=q)
     assert repr(float(q)) in str(e.value)
 
 
 @pytest.mark.parametrize("q", ["1", None, True, [1]])
-def test_a_quantum_that_is_not_a_number_is_a_type_error(q):
+@IMPLS
+def test_a_quantum_that_is_not_a_number_is_a_type_error(Sched, q):
     with pytest.raises(TypeError, match="locality_quantum"):
-        reference.Scheduler(100, locality_quantum=q)
+        Sched(100, locality_quantum=q)
 
 
-def test_the_quantum_needs_a_counter_policy():
+@IMPLS
+def test_the_quantum_needs_a_counter_policy(Sched):
     with pytest.raises(vtc.InvalidArgumentError, match="fcfs"):
-        reference.Scheduler(100, policy="fcfs", locality_quantum=5)
-    reference.Scheduler(100, policy="fcfs", locality_quantum=0)  # plain fcfs
-    assert reference.Scheduler(100, policy="lcf", locality_quantum=5).locality_quantum == 5.0
+        Sched(100, policy="fcfs", locality_quantum=5)
+    Sched(100, policy="fcfs", locality_quantum=0)  # plain fcfs
+    assert Sched(100, policy="lcf", locality_quantum=5).locality_quantum == 5.0
 
 
-def test_the_lookup_must_be_callable():
-    s = reference.Scheduler(100, locality_quantum=5)
+@IMPLS
+def test_the_lookup_must_be_callable(Sched):
+    s = Sched(100, locality_quantum=5)
     with pytest.raises(TypeError, match="callable"):
         s.set_prefix_lookup(3)
     s.set_prefix_lookup(None)
@@ -74,8 +81,9 @@ BAD_HITS = [(-1, vtc.InvalidArgumentError), (11, vtc.InvalidArgumentError),
 
 
 @pytest.mark.parametrize("bad, err", BAD_HITS)
-def test_a_bad_hit_is_an_error_naming_the_request(bad, err):
-    s = reference.Scheduler(100, locality_quantum=50)
+@IMPLS
+def test_a_bad_hit_is_an_error_naming_the_request(Sched, bad, err):
+    s = Sched(100, locality_quantum=50)
     s.submit(1, "a", 10)
     s.submit(2, "b", 10)
     s.set_prefix_lookup(lambda rid: bad if rid == 2 else 0)
@@ -90,12 +98,13 @@ class _Broken(Exception):
 
 
 @pytest.mark.parametrize("bad", [_Broken("cache down"), -1, "3"])
-def test_a_lookup_failing_inside_schedule_loses_no_admitted_request(bad):
+@IMPLS
+def test_a_lookup_failing_inside_schedule_loses_no_admitted_request(Sched, bad):
     """The lookup fails at the third selection of one schedule() call: the two
     requests admitted before are returned (an engine that never learns of an
     admission would leave it running forever); the next call, which asks again
     and fails before anything changes, raises; once the lookup answers, it goes on."""
-    s = reference.Scheduler(100, locality_quantum=50)
+    s = Sched(100, locality_quantum=50)
     for rid, client in enumerate("ababab"):
         s.submit(rid, client, 10)
     failing = {"on": True}
@@ -123,9 +132,9 @@ def test_a_lookup_failing_inside_schedule_loses_no_admitted_request(bad):
 # -- the rule ---------------------------------------------------------------
 
 
-def _two_clients(Q, hits):
+def _two_clients(Sched, Q, hits):
     """a at counter 0 and b at counter 30, one waiting request each."""
-    s = reference.Scheduler(1000, 1.0, 2.0, locality_quantum=Q)
+    s = Sched(1000, 1.0, 2.0, locality_quantum=Q)
     s.raise_counter("b", 30)
     s.submit(1, "a", 10)
     s.submit(2, "b", 10)
@@ -134,28 +143,32 @@ def _two_clients(Q, hits):
     return s, calls
 
 
-def test_within_the_window_the_longest_cached_prefix_wins():
-    s, calls = _two_clients(30, {1: 0, 2: 8})
+@IMPLS
+def test_within_the_window_the_longest_cached_prefix_wins(Sched):
+    s, calls = _two_clients(Sched, 30, {1: 0, 2: 8})
     assert s.peek() == 2
     assert sorted(calls) == [1, 2]  # every candidate head, once
     assert s.pop(8) == 2
 
 
-def test_outside_the_window_the_least_counter_wins_and_is_not_looked_up():
-    s, calls = _two_clients(29.5, {1: 0, 2: 8})
+@IMPLS
+def test_outside_the_window_the_least_counter_wins_and_is_not_looked_up(Sched):
+    s, calls = _two_clients(Sched, 29.5, {1: 0, 2: 8})
     assert s.peek() == 1
     assert calls == []  # one candidate: nothing to compare
 
 
-def test_equal_hits_fall_back_to_the_plain_key():
-    s, _ = _two_clients(100, {1: 4, 2: 4})
+@IMPLS
+def test_equal_hits_fall_back_to_the_plain_key(Sched):
+    s, _ = _two_clients(Sched, 100, {1: 4, 2: 4})
     assert s.peek() == 1
-    s, _ = _two_clients(100, {})
+    s, _ = _two_clients(Sched, 100, {})
     assert s.peek() == 1
 
 
-def test_only_each_clients_head_is_a_candidate():
-    s = reference.Scheduler(1000, locality_quantum=100)
+@IMPLS
+def test_only_each_clients_head_is_a_candidate(Sched):
+    s = Sched(1000, locality_quantum=100)
     s.submit(1, "a", 10)
     s.submit(2, "a", 10)
     s.submit(3, "b", 10)
@@ -165,15 +178,17 @@ def test_only_each_clients_head_is_a_candidate():
     assert sorted(calls) == [1, 3]
 
 
-def test_zero_quantum_never_calls_the_lookup():
-    s, calls = _two_clients(0, {2: 8})
+@IMPLS
+def test_zero_quantum_never_calls_the_lookup(Sched):
+    s, calls = _two_clients(Sched, 0, {2: 8})
     s.raise_counter("a", 30)  # a tie at the least counter: plain VTC (seq)
     assert s.peek() == 1
     assert calls == []
 
 
-def test_strict_bands_keep_working_the_window_is_inside_the_urgent_band():
-    s = reference.Scheduler(1000, locality_quantum=1000)
+@IMPLS
+def test_strict_bands_keep_working_the_window_is_inside_the_urgent_band(Sched):
+    s = Sched(1000, locality_quantum=1000)
     s.submit(1, "a", 10, priority=1)
     s.submit(2, "b", 10, priority=1)
     s.submit(3, "c", 10, priority=0)
@@ -186,8 +201,9 @@ def test_strict_bands_keep_working_the_window_is_inside_the_urgent_band():
     assert s.peek() == 1  # then band 1: equal hits, the plain key
 
 
-def test_weighted_bands_keep_their_rule_and_the_window_applies_inside():
-    s = reference.Scheduler(1000, locality_quantum=1000, band_weights={0: 1, 1: 1})
+@IMPLS
+def test_weighted_bands_keep_their_rule_and_the_window_applies_inside(Sched):
+    s = Sched(1000, locality_quantum=1000, band_weights={0: 1, 1: 1})
     s.submit(1, "a", 10, priority=0)
     s.submit(4, "a", 10, priority=0)
     s.submit(2, "b", 10, priority=1)
@@ -198,8 +214,9 @@ def test_weighted_bands_keep_their_rule_and_the_window_applies_inside():
     assert s.peek() == 3  # band 1 now has the least band counter; c's hit wins in it
 
 
-def test_the_per_client_cap_still_applies():
-    s = reference.Scheduler(1000, client_cap=15, locality_quantum=1000)
+@IMPLS
+def test_the_per_client_cap_still_applies(Sched):
+    s = Sched(1000, client_cap=15, locality_quantum=1000)
     for rid, c in ((1, "a"), (2, "a"), (3, "b")):
         s.submit(rid, c, 10)
     s.set_prefix_lookup({1: 9, 2: 9, 3: 0}.get)
@@ -277,12 +294,12 @@ def overload(draw):
 
 
 def _run_backlogged(M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy,
-                    steps=300):  # fmt: skip
+                    steps=300, Sched=reference.Scheduler):  # fmt: skip
     """Every client permanently backlogged, the engine model of test_properties.py
     (peek, pop while the whole reserved output fits, decode(ids, 1)); the engine's
     hits as ``hits`` says. Returns the spread (hi - lo) of W_f - W_g per pair and L_input."""
     rng = random.Random(seed)
-    s = reference.Scheduler(M, wp, wq, policy, locality_quantum=Q)
+    s = Sched(M, wp, wq, policy, locality_quantum=Q)
     clients = list(range(len(weights)))
     for c, w in zip(clients, weights):
         s.set_weight(c, w)
@@ -359,16 +376,17 @@ def _g(wp, wq, M, L_input):
     return max(wq * M, wp * L_input + wq * (M - L_input))
 
 
+@IMPLS
 @settings(max_examples=120, deadline=None)
 @given(overload())
-def test_backlogged_clients_stay_within_the_locality_bound(params):
+def test_backlogged_clients_stay_within_the_locality_bound(Sched, params):
     """For every pair, W_f - W_g stays in [-(G/w_g + Q), G/w_f + Q] at every step,
     so over any interval |W_f - W_g| <= G/w_f + G/w_g + 2Q <= 2 (U / min w + Q)."""
     M, wp, wq, weights, max_prompt, max_output, q_over_u, hits, period, seed, policy = params
     U = _g(wp, wq, M, max_prompt) / min(weights)
     Q = q_over_u * U
     lo, hi, L_input = _run_backlogged(
-        M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy
+        M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy, Sched=Sched
     )
     G = _g(wp, wq, M, L_input)
     for (f, g), top in hi.items():
@@ -377,7 +395,8 @@ def test_backlogged_clients_stay_within_the_locality_bound(params):
         assert top - lo[f, g] <= 2 * (G / min(weights[f], weights[g]) + Q) + 1e-6
 
 
-def test_the_quantum_term_is_needed():
+@IMPLS
+def test_the_quantum_term_is_needed(Sched):
     """A cache that favours each client in turn drives the gap to about 2Q: past
     VTC's 2U, and past 2U + Q too, so the bound needs 2Q and 2 (U + Q) is tight
     in Q. (This engine's G is the paper's U: wp <= wq.)"""
@@ -387,10 +406,21 @@ def test_the_quantum_term_is_needed():
     for q_over_u in (0.0, 1.0, 4.0):
         Q = q_over_u * U
         lo, hi, L_input = _run_backlogged(
-            M, wp, wq, [1.0, 1.0], 32, 8, Q, "favourite", 400, 1, "vtc", steps=800
+            M, wp, wq, [1.0, 1.0], 32, 8, Q, "favourite", 400, 1, "vtc", steps=800, Sched=Sched
         )
         assert hi[0, 1] - lo[0, 1] <= 2 * (_g(wp, wq, M, L_input) + Q) + 1e-6
         spread[q_over_u] = hi[0, 1] - lo[0, 1]
     assert spread[0.0] <= 2 * U
     assert spread[1.0] > 2 * U
     assert spread[4.0] > 2 * U + 4 * U
+
+
+@settings(max_examples=40, deadline=None)
+@given(overload())
+def test_the_core_runs_the_bound_engine_model_exactly_as_the_reference(params):
+    """The engine model above, driven through both: the same spreads, bit for bit."""
+    M, wp, wq, weights, max_prompt, max_output, q_over_u, hits, period, seed, policy = params
+    Q = q_over_u * _g(wp, wq, M, max_prompt) / min(weights)
+    args = (M, wp, wq, weights, max_prompt, max_output, Q, hits, period, seed, policy)
+    core = _run_backlogged(*args, steps=150, Sched=vtc.Scheduler)
+    assert core == _run_backlogged(*args, steps=150)

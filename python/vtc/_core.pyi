@@ -2,7 +2,7 @@
 # Keep every signature here in step with the #[pyo3(signature = ...)] there:
 # `make test-core` runs mypy's stubtest, which fails on any difference.
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Literal, final
 
 import numpy as np
@@ -159,6 +159,11 @@ class Scheduler:
       that call (no skipping among eligible clients). ``peek``/``pop`` ignore the cap.
     * ``predictor``: ``"none"`` (default) or ``"mean"``: a request submitted without
       ``predicted_output`` gets the client's moving average of finished output lengths.
+    * ``locality_quantum``: the locality window ``Q`` in counter units (0.0 when
+      omitted: plain VTC), a finite number ``>= 0``, above 0 only with ``vtc`` or
+      ``lcf``. With ``Q > 0`` and a ``set_prefix_lookup`` lookup, selection prefers,
+      among the clients of the band within ``Q`` of the least counter, the head
+      with the longest cached prefix (docs/locality.md).
     """
 
     def __new__(
@@ -172,7 +177,25 @@ class Scheduler:
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
+        locality_quantum: float = ...,  # 0.0 when omitted
     ) -> Self: ...
+    @property
+    def locality_quantum(self) -> float:
+        """The locality window's quantum ``Q`` (0.0: plain VTC)."""
+    def set_prefix_lookup(self, lookup: Callable[[int], int] | None) -> None:
+        """The engine's prefix-cache lookup for the locality window, or ``None``.
+
+        ``lookup(request_id)`` returns how many tokens of that waiting request the
+        engine holds cached now, an int in ``[0, prompt + generated]``. The
+        selecting calls (``schedule``, ``peek``, ``pop``, ``set_aside``) call it only
+        when ``locality_quantum > 0``, once per candidate head (never with a single
+        candidate), and store nothing it returns. A non-int answer is a
+        ``TypeError``, one out of range an ``InvalidArgumentError``; that or the
+        lookup's own exception propagates, raised before anything changed, except
+        in a ``schedule()`` that has already admitted requests: it returns those,
+        and the next selecting call asks again. The lookup must not call back into
+        this scheduler (a ``RuntimeError``: the scheduler is locked meanwhile).
+        """
     @property
     def cost(self) -> _Cost:
         """The cost function."""
@@ -418,11 +441,13 @@ class Scheduler:
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
+        locality_quantum: float = ...,  # 0.0 when omitted
     ) -> Scheduler:
         """A scheduler with the fairness state of ``data`` and no requests.
 
         The snapshot keeps ``M``, ``wp``, ``wq`` and the policy only: pass ``cost``,
-        ``client_cap``, ``predictor`` and ``band_weights`` again to restore a scheduler
+        ``client_cap``, ``predictor``, ``band_weights`` and ``locality_quantum`` again
+        (and ``set_prefix_lookup``) to restore a scheduler
         that used them (refund credits, moving averages and band counters are not
         kept; every client's ``tokens()`` tally starts at ``(0, 0)``).
 

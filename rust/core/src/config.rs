@@ -4,7 +4,8 @@
 //!
 //! Invariant: [`Config::validate`] accepts exactly the configurations
 //! [`Scheduler::with_config`](crate::Scheduler::with_config) can build, and
-//! checks in one fixed order (budget, cost, client cap, band weights), so
+//! checks in one fixed order (budget, cost, client cap, locality quantum,
+//! band weights), so
 //! the first bad value is the error whatever else is wrong; a binding
 //! translates its arguments into a `Config` and re-checks nothing. Each
 //! named choice has one lowercase name; `name` and `FromStr` are inverse,
@@ -117,11 +118,15 @@ pub struct Config {
     pub predictor: Predictor,
     /// Weighted priority bands as `(priority, weight)`; `None`: strict bands.
     pub band_weights: Option<Vec<(i64, f64)>>,
+    /// The locality window `Q` in counter units (see `scheduler::window`): a
+    /// finite number `>= 0`, above 0 only with a counter policy; 0 is plain
+    /// VTC.
+    pub locality_quantum: f64,
 }
 
 impl Config {
     /// The defaults around budget `budget`: linear cost 1/2, VTC, no cap, no
-    /// predictor, strict bands.
+    /// predictor, strict bands, no locality window.
     pub fn new(budget: i64) -> Self {
         Config {
             budget,
@@ -130,6 +135,7 @@ impl Config {
             client_cap: None,
             predictor: Predictor::None,
             band_weights: None,
+            locality_quantum: 0.0,
         }
     }
 
@@ -140,6 +146,7 @@ impl Config {
         if let Some(cap) = self.client_cap {
             cap.tokens(budget)?;
         }
+        check_locality_quantum(self.locality_quantum, self.policy)?;
         if let Some(w) = &self.band_weights {
             check_band_weights(w)?;
         }
@@ -152,6 +159,18 @@ impl Config {
         }
         Ok(self.budget as u64)
     }
+}
+
+/// The locality quantum: finite, `>= 0`, and above 0 only with a counter
+/// policy (`vtc` or `lcf`: under `fcfs` there is no counter to be within).
+pub(crate) fn check_locality_quantum(q: f64, policy: Policy) -> Result<()> {
+    if !(q.is_finite() && q >= 0.0) {
+        return Err(CoreError::InvalidLocalityQuantum(q));
+    }
+    if q > 0.0 && policy == Policy::Fcfs {
+        return Err(CoreError::LocalityNeedsCounter(q));
+    }
+    Ok(())
 }
 
 /// Band weights: every weight in `MIN_WEIGHT..=MAX_WEIGHT`.

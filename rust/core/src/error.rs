@@ -96,6 +96,19 @@ pub enum CoreError {
     UnknownClient(u32),
     /// A snapshot that cannot be restored (truncated, corrupted, other version).
     BadSnapshot(String),
+    /// The locality quantum must be a finite number `>= 0`.
+    InvalidLocalityQuantum(f64),
+    /// A locality quantum above 0 needs a counter policy (`vtc` or `lcf`).
+    LocalityNeedsCounter(f64),
+    /// The prefix lookup failed for this candidate head (its own error is
+    /// the caller's: the core only passes the failure on).
+    PrefixLookupFailed(u64),
+    /// The prefix lookup answered more tokens than the request holds.
+    InvalidPrefixHit {
+        request_id: u64,
+        hit: u64,
+        footprint: u64,
+    },
 }
 
 impl fmt::Display for CoreError {
@@ -187,10 +200,45 @@ impl fmt::Display for CoreError {
             ),
             UnknownClient(c) => write!(f, "unknown client id {c}"),
             BadSnapshot(m) => write!(f, "cannot restore snapshot: {m}"),
+            InvalidLocalityQuantum(q) => write!(
+                f,
+                "locality_quantum must be a finite number >= 0, got {}",
+                PyFloat(*q)
+            ),
+            LocalityNeedsCounter(q) => write!(
+                f,
+                "locality_quantum={} needs a counter policy (vtc or lcf), not fcfs",
+                PyFloat(*q)
+            ),
+            PrefixLookupFailed(r) => write!(f, "the prefix lookup of request {r} failed"),
+            InvalidPrefixHit {
+                request_id,
+                hit,
+                footprint,
+            } => write!(
+                f,
+                "prefix lookup of request {request_id} returned {hit}, outside [0, {footprint}] \
+                 (its prompt and generated tokens)"
+            ),
         }
     }
 }
 
 impl std::error::Error for CoreError {}
+
+/// A float as Python's `repr` spells the values Rust's `Debug` spells
+/// otherwise (`nan`; finite values and `inf` read the same in both for the
+/// values these messages meet).
+struct PyFloat(f64);
+
+impl fmt::Display for PyFloat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_nan() {
+            f.write_str("nan")
+        } else {
+            write!(f, "{:?}", self.0)
+        }
+    }
+}
 
 pub type Result<T> = std::result::Result<T, CoreError>;

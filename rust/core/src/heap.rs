@@ -68,6 +68,32 @@ impl IndexedHeap {
         self.entries[pos as usize].key
     }
 
+    /// The ids of every entry whose counter is at most `edge`, appended to
+    /// `out` (cleared first) in breadth-first heap order: a walk that stops
+    /// below any entry past `edge` (its children's keys are no smaller), so
+    /// it visits only the entries it returns and their children. `out` is
+    /// the caller's scratch: no allocation once it has grown.
+    pub fn collect_within(&self, edge: f64, out: &mut Vec<u32>) {
+        out.clear();
+        if self.entries.first().is_none_or(|e| e.key.counter > edge) {
+            return;
+        }
+        out.push(0);
+        let mut i = 0;
+        while i < out.len() {
+            let pos = out[i] as usize;
+            for child in [2 * pos + 1, 2 * pos + 2] {
+                if child < self.entries.len() && self.entries[child].key.counter <= edge {
+                    out.push(child as u32);
+                }
+            }
+            i += 1;
+        }
+        for x in out.iter_mut() {
+            *x = self.entries[*x as usize].id;
+        }
+    }
+
     pub fn push<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &mut P) {
         debug_assert_eq!(p.pos(id), NOT_IN_HEAP, "client {id} pushed twice");
         let pos = self.entries.len();
@@ -220,6 +246,32 @@ mod tests {
             counter: c as f64,
             seq: s,
         }
+    }
+
+    #[test]
+    fn collect_within_returns_exactly_the_entries_up_to_the_edge() {
+        let n = 300u32;
+        let mut pos = vec![NOT_IN_HEAP; n as usize];
+        let mut h = IndexedHeap::new();
+        let mut rng = Lcg(11);
+        let mut keys = Vec::new();
+        for id in 0..n {
+            let k = key(rng.next() % 60, id as u64);
+            h.push(id, k, &mut pos);
+            keys.push(k);
+        }
+        let mut out = Vec::new();
+        for edge in [-1.0, 0.0, 3.0, 17.5, 30.0, 59.0, 1e9] {
+            h.collect_within(edge, &mut out);
+            let mut got = out.clone();
+            got.sort_unstable();
+            let want: Vec<u32> = (0..n)
+                .filter(|&i| keys[i as usize].counter <= edge)
+                .collect();
+            assert_eq!(got, want, "edge {edge}");
+        }
+        IndexedHeap::new().collect_within(1e9, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -33,5 +33,7 @@ pub use cost::{Cost, Pending, RunSums};
 pub use error::{CoreError, Op, Result, Where};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
 pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
-pub use scheduler::{Policy, Predictor, RequestState, Scheduler, Tokens};
+pub use scheduler::{
+    LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens,
+};
 pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

@@ -5,7 +5,7 @@
 //! for every cost function
 //! and in the bulk re-key path (a decode that touches most backlogged clients)
 //! as well as the per-client one. Reading `active_clients` allocates nothing
-//! either.
+//! either, nor does a selection through the locality window.
 //!
 //! The counter is per thread (tests run in parallel threads of this binary),
 //! kept in a `const`-initialised thread local so that reading it never
@@ -132,6 +132,35 @@ fn capacity_checked_decode_step_allocates_nothing_without_preemption() {
             assert!(preempted.is_empty());
         }
     }
+}
+
+#[test]
+fn selection_through_the_locality_window_allocates_nothing() {
+    // Many clients within the quantum: every selection walks the window
+    // (its scratch buffer is reused) and asks the lookup of each head.
+    let mut s = Scheduler::with_config(&vtc_core::Config {
+        locality_quantum: 1e9,
+        ..vtc_core::Config::new(1_000_000)
+    })
+    .unwrap();
+    let ids: Vec<ClientId> = (0..500).map(|_| s.add_client()).collect();
+    for (rid, &c) in (0..2_000u64).zip(ids.iter().cycle()) {
+        s.submit(rid, c, 64).unwrap();
+    }
+    let mut lookup = |rid: u64, _: u64| Ok(rid % 37);
+    // Warm-up: the first selection sizes the window's buffer.
+    s.peek_with(&mut lookup).unwrap();
+    let r = s.set_aside_with(&mut lookup).unwrap().unwrap();
+    s.put_back(r).unwrap();
+    for step in 0..50 {
+        let n = allocations_in(|| {
+            s.peek_with(&mut lookup).unwrap();
+            let r = s.set_aside_with(&mut lookup).unwrap().unwrap();
+            s.put_back(r).unwrap();
+        });
+        assert_eq!(n, 0, "{n} allocations at step {step}");
+    }
+    s.check_invariants().unwrap();
 }
 
 #[test]

@@ -24,12 +24,14 @@ fn a_config_round_trips_through_a_scheduler() {
         client_cap: Some(ClientCap::Fraction(0.25)),
         predictor: Predictor::Mean,
         band_weights: Some(vec![(0, 4.0), (1, 1.0)]),
+        locality_quantum: 250.0,
     };
     let s = Scheduler::with_config(&config).unwrap();
     let back = s.config();
     assert_eq!(back.client_cap, Some(ClientCap::Tokens(1024)));
     assert_eq!(Scheduler::with_config(&back).unwrap().config(), back);
     assert_eq!(back.band_weights, config.band_weights);
+    assert_eq!(back.locality_quantum, 250.0);
 }
 
 #[test]
@@ -59,6 +61,7 @@ fn the_first_bad_value_in_a_fixed_order_is_the_error() {
         cost: bad_cost,
         client_cap: Some(ClientCap::Fraction(2.0)),
         band_weights: Some(vec![(0, 0.0)]),
+        locality_quantum: f64::NAN,
         ..Config::new(1)
     };
     assert_eq!(all_bad.validate(), Err(CoreError::InvalidBudget(0)));
@@ -79,6 +82,14 @@ fn the_first_bad_value_in_a_fixed_order_is_the_error() {
         client_cap: None,
         ..c
     };
+    assert!(matches!(
+        c.validate(),
+        Err(CoreError::InvalidLocalityQuantum(q)) if q.is_nan()
+    ));
+    let c = Config {
+        locality_quantum: 0.0,
+        ..c
+    };
     assert_eq!(c.validate(), Err(CoreError::InvalidWeight(0.0)));
     assert!(Scheduler::with_config(&c).is_err());
     let c = Config {
@@ -86,6 +97,51 @@ fn the_first_bad_value_in_a_fixed_order_is_the_error() {
         ..c
     };
     assert!(c.validate().is_ok() && Scheduler::with_config(&c).is_ok());
+}
+
+#[test]
+fn the_locality_quantum_is_finite_non_negative_and_needs_a_counter_policy() {
+    for bad in [-1.0, -1e-300, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let c = Config {
+            locality_quantum: bad,
+            ..Config::new(100)
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(CoreError::InvalidLocalityQuantum(_))
+        ));
+        assert!(Scheduler::with_config(&c).is_err());
+    }
+    let fcfs = Config {
+        policy: Policy::Fcfs,
+        locality_quantum: 5.0,
+        ..Config::new(100)
+    };
+    assert_eq!(fcfs.validate(), Err(CoreError::LocalityNeedsCounter(5.0)));
+    assert_eq!(
+        CoreError::LocalityNeedsCounter(5.0).to_string(),
+        "locality_quantum=5.0 needs a counter policy (vtc or lcf), not fcfs"
+    );
+    assert!(Config {
+        locality_quantum: 0.0,
+        ..fcfs.clone()
+    }
+    .validate()
+    .is_ok());
+    for policy in [Policy::Vtc, Policy::Lcf] {
+        let s = Scheduler::with_config(&Config {
+            policy,
+            ..fcfs.clone()
+        })
+        .unwrap();
+        assert_eq!(s.locality_quantum(), 5.0);
+    }
+    let mut s = Scheduler::new(100, 1.0, 2.0, Policy::Fcfs).unwrap();
+    assert_eq!(
+        s.set_locality_quantum(1.0),
+        Err(CoreError::LocalityNeedsCounter(1.0))
+    );
+    assert_eq!(s.locality_quantum(), 0.0);
 }
 
 #[test]

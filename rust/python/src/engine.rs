@@ -15,6 +15,7 @@ use crate::convert::{
 };
 use crate::errors::{self, invalid, Error, Result};
 use crate::keys::client_arg;
+use crate::lookup::PyLookup;
 use crate::{key_id, PyScheduler, DETACH_MIN};
 
 /// The core's engine-form `decode`, with the GIL released for a batch of at
@@ -70,13 +71,23 @@ impl PyScheduler {
         Ok(())
     }
 
-    fn schedule<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn schedule<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {
         let mut out = Vec::new();
         {
             let mut g = self.lock(py)?;
-            g.core.schedule(&mut out);
+            match g.window_lookup(py) {
+                None => {
+                    g.core.schedule(&mut out);
+                }
+                Some(f) => {
+                    let mut lookup = PyLookup::new(&f);
+                    g.core
+                        .schedule_with(&mut out, &mut lookup)
+                        .map_err(|e| lookup.error(e))?;
+                }
+            }
         }
-        PyList::new(py, out)
+        Ok(PyList::new(py, out)?)
     }
 
     #[pyo3(signature = (request_ids = None, tokens = None))]
@@ -340,11 +351,27 @@ impl PyScheduler {
     }
 
     fn peek(&self, py: Python<'_>) -> Result<Option<u64>> {
-        Ok(self.lock(py)?.core.peek())
+        let mut g = self.lock(py)?;
+        match g.window_lookup(py) {
+            None => Ok(g.core.peek()),
+            Some(f) => {
+                let mut lookup = PyLookup::new(&f);
+                g.core.peek_with(&mut lookup).map_err(|e| lookup.error(e))
+            }
+        }
     }
 
     fn set_aside(&self, py: Python<'_>) -> Result<Option<u64>> {
-        Ok(self.lock(py)?.core.set_aside())
+        let mut g = self.lock(py)?;
+        match g.window_lookup(py) {
+            None => Ok(g.core.set_aside()),
+            Some(f) => {
+                let mut lookup = PyLookup::new(&f);
+                g.core
+                    .set_aside_with(&mut lookup)
+                    .map_err(|e| lookup.error(e))
+            }
+        }
     }
 
     fn put_back(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
@@ -356,23 +383,51 @@ impl PyScheduler {
     #[pyo3(signature = (cached_len = None))]
     fn pop(&self, py: Python<'_>, cached_len: Option<&Bound<'_, PyAny>>) -> Result<Option<u64>> {
         // As in `vtc.reference`, `cached_len` is checked only when there is
-        // a request to pop: on an empty queue any argument returns None.
+        // a request to pop, after the selection (and its prefix lookups): on
+        // an empty queue any argument returns None.
         let cached = cached_len.map(|c| int_arg_sat("cached_len", c));
         let mut g = self.lock(py)?;
-        if g.core.peek().is_none() {
-            return Ok(None);
-        }
-        let Some((v, int)) = cached.transpose()? else {
-            return Ok(g.core.pop_cached(None)?);
+        let window = g.window_lookup(py);
+        let mut lookup = window.as_ref().map(PyLookup::new);
+        let (v, int) = match cached {
+            None => {
+                return match &mut lookup {
+                    None => Ok(g.core.pop_cached(None)?),
+                    Some(l) => g.core.pop_with(None, l).map_err(|e| l.error(e)),
+                }
+            }
+            Some(Ok(x)) => x,
+            Some(Err(e)) => {
+                // a bad cached_len: the selection first, then its error
+                let next = match &mut lookup {
+                    None => g.core.peek(),
+                    Some(l) => g.core.peek_with(l).map_err(|e| l.error(e))?,
+                };
+                return match next {
+                    None => Ok(None),
+                    Some(_) => Err(e),
+                };
+            }
         };
         // A value outside i64 is outside [0, prompt_len] too: the core
         // rejects its clamped stand-in, and the message names the real one.
         let clamped = i64::try_from(v).unwrap_or(if v < 0 { -1 } else { i64::MAX });
-        g.core.pop_cached(Some(clamped)).map_err(|e| match e {
-            CoreError::InvalidCached { prompt_len, .. } if i128::from(clamped) != v => invalid(
-                format!("cached_len must be between 0 and prompt_len={prompt_len}, got {int}"),
-            ),
-            e => e.into(),
+        let popped = match &mut lookup {
+            None => g.core.pop_cached(Some(clamped)).map_err(Error::Core),
+            Some(l) => g.core.pop_with(Some(clamped), l).map_err(|e| match e {
+                CoreError::InvalidCached { .. } => Error::Core(e),
+                e => l.error(e),
+            }),
+        };
+        popped.map_err(|e| match e {
+            Error::Core(CoreError::InvalidCached { prompt_len, .. })
+                if i128::from(clamped) != v =>
+            {
+                invalid(format!(
+                    "cached_len must be between 0 and prompt_len={prompt_len}, got {int}"
+                ))
+            }
+            e => e,
         })
     }
 }

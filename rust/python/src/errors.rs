@@ -137,6 +137,10 @@ pub fn kind_of(e: &CoreError) -> Kind {
         | TooManyTokens(_)
         | RequestTooLong { .. }
         | DuplicateInBatch(_)
+        | InvalidLocalityQuantum(_)
+        | LocalityNeedsCounter(_)
+        | PrefixLookupFailed(_)
+        | InvalidPrefixHit { .. }
         | UnknownClient(_) => Kind::InvalidArgument,
         DuplicateRequest(_) => Kind::DuplicateRequest,
         UnknownRequest(_) => Kind::UnknownRequest,

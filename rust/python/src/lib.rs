@@ -18,6 +18,7 @@ mod costs;
 mod engine;
 mod errors;
 mod keys;
+mod lookup;
 mod views;
 
 use std::collections::HashMap;
@@ -33,6 +34,25 @@ use convert::{band_weights_arg, client_cap_arg, float_arg, i64_arg, mapping_item
 use costs::{cost_arg, cost_repr, cost_to_py, PyContextCost, PyLinearCost, PyQuadraticCost};
 use errors::{invalid, Error, Result};
 use keys::{client_arg, key_dict, Key, KeyRef};
+
+/// A keyword argument that tells "not given" (`Given(None)`, its default)
+/// from any value, `None` included (for arguments whose default is not
+/// `None`, as `vtc.reference`'s `locality_quantum=0.0`).
+struct Given<'py>(Option<Bound<'py, PyAny>>);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Given<'py> {
+    type Error = PyErr;
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Given(Some(obj.to_owned())))
+    }
+}
+
+/// `locality_quantum`: a real number (0.0 when not given), range-checked
+/// by the core's `Config::validate` in its place among the other values.
+fn locality_quantum_arg(q: &Given<'_>) -> Result<f64> {
+    q.0.as_ref()
+        .map_or(Ok(0.0), |q| float_arg("locality_quantum", q))
+}
 
 /// Batches at least this long are processed with the GIL released.
 ///
@@ -66,6 +86,8 @@ struct Inner {
     keys: Vec<Option<Key>>,
     /// Reused copies of a batch call's numpy arguments (no allocation per step).
     scratch: Scratch,
+    /// The locality window's prefix lookup (`set_prefix_lookup`), if any.
+    prefix_lookup: Option<Py<PyAny>>,
 }
 
 /// Buffers a batch call copies its numpy arguments into before the GIL is
@@ -77,6 +99,16 @@ struct Scratch {
 }
 
 impl Inner {
+    /// The prefix lookup when the locality window is on (a lookup set and a
+    /// quantum above 0), bound to `py`; `None`: plain selection.
+    fn window_lookup<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyAny>> {
+        if self.core.locality_quantum() > 0.0 {
+            self.prefix_lookup.as_ref().map(|f| f.bind(py).clone())
+        } else {
+            None
+        }
+    }
+
     fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
         match k {
             KeyRef::Int(i) => self.ints.get(i),
@@ -169,6 +201,11 @@ impl PyScheduler {
     /// Take the lock (waiting with the GIL released if another thread holds
     /// it), unless an earlier panic poisoned the scheduler.
     fn lock<'a>(&'a self, py: Python<'_>) -> Result<Guard<'a>> {
+        if lookup::in_lookup() {
+            return Err(Error::Py(pyo3::exceptions::PyRuntimeError::new_err(
+                "a prefix lookup called back into a scheduler while a selection was running",
+            )));
+        }
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Arg(
                 errors::Kind::Internal,
@@ -196,7 +233,7 @@ impl PyScheduler {
 #[pymethods]
 impl PyScheduler {
     #[new]
-    #[pyo3(signature = (M, wp = None, wq = None, policy = None, *, cost = None, client_cap = None, predictor = None, band_weights = None))]
+    #[pyo3(signature = (M, wp = None, wq = None, policy = None, *, cost = None, client_cap = None, predictor = None, band_weights = None, locality_quantum = Given(None)))]
     #[allow(non_snake_case, clippy::too_many_arguments)]
     fn new(
         M: &Bound<'_, PyAny>,
@@ -207,6 +244,7 @@ impl PyScheduler {
         client_cap: Option<&Bound<'_, PyAny>>,
         predictor: Option<&Bound<'_, PyAny>>,
         band_weights: Option<&Bound<'_, PyAny>>,
+        locality_quantum: Given<'_>,
     ) -> Result<Self> {
         let m = i64_arg("M", M)?;
         let predictor: Predictor = match predictor {
@@ -239,6 +277,7 @@ impl PyScheduler {
             wp: wp.unwrap_or(Cost::DEFAULT_WP),
             wq: wq.unwrap_or(Cost::DEFAULT_WQ),
         });
+        let locality_quantum = locality_quantum_arg(&locality_quantum)?;
         let core = vtc_core::Scheduler::with_config(&Config {
             budget: m,
             cost,
@@ -246,6 +285,7 @@ impl PyScheduler {
             client_cap: cap,
             predictor,
             band_weights: band_weights_arg(band_weights)?,
+            locality_quantum,
         })?;
         Ok(PyScheduler::new_inner(Inner {
             core,
@@ -253,6 +293,7 @@ impl PyScheduler {
             strs: HashMap::new(),
             keys: Vec::new(),
             scratch: Scratch::default(),
+            prefix_lookup: None,
         }))
     }
 
@@ -281,7 +322,34 @@ impl PyScheduler {
             let pairs: Vec<String> = w.iter().map(|(p, w)| format!("{p}: {w:?}")).collect();
             out += &format!(", band_weights={{{}}}", pairs.join(", "));
         }
+        if g.core.locality_quantum() != 0.0 {
+            out += &format!(", locality_quantum={:?}", g.core.locality_quantum());
+        }
         out + ")"
+    }
+
+    /// The locality window's quantum `Q` (0.0: plain VTC).
+    #[getter]
+    fn locality_quantum(&self, py: Python<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.locality_quantum())
+    }
+
+    /// The engine's prefix-cache lookup for the locality window, or None:
+    /// `lookup(request_id)` returns how many tokens of that waiting request
+    /// the engine holds cached now. See `vtc/_core.pyi`.
+    fn set_prefix_lookup(&self, py: Python<'_>, lookup: &Bound<'_, PyAny>) -> Result<()> {
+        let f = if lookup.is_none() {
+            None
+        } else if lookup.is_callable() {
+            Some(lookup.clone().unbind())
+        } else {
+            return Err(Error::Py(pyo3::exceptions::PyTypeError::new_err(format!(
+                "lookup must be callable or None, got {}",
+                convert::repr(lookup)
+            ))));
+        };
+        self.lock(py)?.prefix_lookup = f;
+        Ok(())
     }
 
     /// Weighted bands with these weights (a mapping of priority to weight; a

@@ -11,7 +11,7 @@ use crate::convert::{band_weights_arg, client_cap_arg, request_id_arg, rid_of, t
 use crate::costs::cost_arg;
 use crate::errors::{Error, Result};
 use crate::keys::{decode_key, encode_key, key_dict, key_to_py, Key};
-use crate::{Inner, PyScheduler, Scratch};
+use crate::{locality_quantum_arg, Given, Inner, PyScheduler, Scratch};
 
 #[pymethods]
 impl PyScheduler {
@@ -153,7 +153,7 @@ impl PyScheduler {
 
     /// A scheduler with the fairness state of `data` and no requests.
     #[staticmethod]
-    #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None, band_weights = None))]
+    #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None, band_weights = None, locality_quantum = Given(None)))]
     fn from_snapshot(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
@@ -161,9 +161,11 @@ impl PyScheduler {
         client_cap: Option<&Bound<'_, PyAny>>,
         predictor: Option<&Bound<'_, PyAny>>,
         band_weights: Option<&Bound<'_, PyAny>>,
+        locality_quantum: Given<'_>,
     ) -> Result<Self> {
         let cost = cost.map(cost_arg).transpose()?;
         let band_weights = band_weights_arg(band_weights)?;
+        let locality_quantum = locality_quantum_arg(&locality_quantum)?;
         let predictor: Option<Predictor> = match predictor {
             None => None,
             Some(p) => Some(
@@ -202,12 +204,14 @@ impl PyScheduler {
         restored
             .scheduler
             .set_band_weights(band_weights.as_deref())?;
+        restored.scheduler.set_locality_quantum(locality_quantum)?;
         let mut inner = Inner {
             core: restored.scheduler,
             ints: HashMap::new(),
             strs: HashMap::new(),
             keys: Vec::with_capacity(restored.keys.len()),
             scratch: Scratch::default(),
+            prefix_lookup: None,
         };
         for (i, raw) in restored.keys.iter().enumerate() {
             let key = decode_key(raw)

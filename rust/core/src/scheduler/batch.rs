@@ -6,7 +6,7 @@
 //! and preemption evicts from the least urgent band, the most-served client
 //! first, the latest admission among equals.
 
-use super::{Policy, Scheduler};
+use super::{Policy, PrefixLookup, Scheduler};
 use crate::band::NO_ENTITY;
 use crate::error::{CoreError, Result};
 
@@ -23,27 +23,73 @@ impl Scheduler {
     /// the no-skipping rule applies among eligible clients: the least-counter
     /// eligible client's head either fits in `M` or admission stops.
     pub fn schedule(&mut self, out: &mut Vec<u64>) -> usize {
+        self.schedule_from(out, None)
+            .expect("without a lookup selection cannot fail")
+    }
+
+    /// [`schedule`](Self::schedule) through the locality window: with a
+    /// quantum (see [`Config::locality_quantum`](crate::Config)), each
+    /// selection asks `lookup` for the cached prefix of the candidate heads
+    /// (see `window`). A lookup that fails before anything was admitted is
+    /// the error, nothing changed; once requests were admitted it stops the
+    /// call, which returns them (an engine must learn of every admission),
+    /// and the next selecting call asks again.
+    pub fn schedule_with(
+        &mut self,
+        out: &mut Vec<u64>,
+        lookup: &mut dyn PrefixLookup,
+    ) -> Result<usize> {
+        self.schedule_from(out, Some(lookup))
+    }
+
+    fn schedule_from(
+        &mut self,
+        out: &mut Vec<u64>,
+        mut lookup: Option<&mut dyn PrefixLookup>,
+    ) -> Result<usize> {
         let start = out.len();
         if self.client_cap.is_some() {
-            self.schedule_capped(out);
-            return out.len() - start;
+            self.schedule_capped(out, lookup)?;
+            return Ok(out.len() - start);
         }
-        while let Some(s) = self.next_slot() {
-            let fp = self.requests[s as usize].footprint(self.uniform);
+        loop {
+            let e = match self.select_entity(lookup.as_deref_mut()) {
+                Ok(Some(e)) => e,
+                Ok(None) => break,
+                Err(err) if out.len() == start => return Err(err),
+                Err(_) => break,
+            };
+            let fp = self.requests[self.head_slot(e) as usize].footprint(self.uniform);
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
-            out.push(self.admit_next().expect("next_slot was Some"));
+            out.push(self.admit_entity(e));
         }
-        out.len() - start
+        Ok(out.len() - start)
     }
 
     #[cold]
-    fn schedule_capped(&mut self, out: &mut Vec<u64>) {
+    fn schedule_capped(
+        &mut self,
+        out: &mut Vec<u64>,
+        mut lookup: Option<&mut dyn PrefixLookup>,
+    ) -> Result<()> {
         let cap = self.client_cap.expect("capped");
+        let start = out.len();
         let mut parked = std::mem::take(&mut self.parked);
-        while let Some(e) = self.top_entity() {
-            let s = self.next_slot().expect("an entity has a head");
+        let mut failed = None;
+        loop {
+            let e = match self.select_entity(lookup.as_deref_mut()) {
+                Ok(Some(e)) => e,
+                Ok(None) => break,
+                Err(err) => {
+                    if out.len() == start {
+                        failed = Some(err);
+                    }
+                    break;
+                }
+            };
+            let s = self.head_slot(e);
             let fp = self.requests[s as usize].footprint(self.uniform);
             let c = self.entities[e as usize].client;
             let cl = &self.clients[c as usize];
@@ -61,7 +107,7 @@ impl Scheduler {
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
-            out.push(self.admit_next().expect("top entity has a head"));
+            out.push(self.admit_entity(e));
         }
         for &e in &parked {
             let key = self.key_of(e);
@@ -70,6 +116,7 @@ impl Scheduler {
         }
         parked.clear();
         self.parked = parked;
+        failed.map_or(Ok(()), Err)
     }
 
     /// One engine iteration: every running request generates one token.

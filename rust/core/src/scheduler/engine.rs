@@ -8,25 +8,40 @@
 //! is in admission order.
 
 use super::request::Slot;
-use super::{Predictor, Scheduler, Tokens};
+use super::{Predictor, PrefixLookup, Scheduler, Tokens};
 use crate::band::QueueEntry;
 use crate::cost::Pending;
 use crate::error::{CoreError, Op, Result};
 use crate::limits::{MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
 
 impl Scheduler {
-    /// The slot of the request the policy would admit next.
+    /// The slot of the request the policy would admit next (plain VTC: no
+    /// locality window).
     #[inline]
     pub(super) fn next_slot(&self) -> Option<u32> {
-        let e = self.top_entity()?;
-        let front = self.entities[e as usize].queue.front()?;
-        Some(front.slot)
+        self.top_entity().map(|e| self.head_slot(e))
+    }
+
+    /// The slot of entity `e`'s head request.
+    #[inline]
+    pub(super) fn head_slot(&self, e: u32) -> u32 {
+        self.entities[e as usize]
+            .queue
+            .front()
+            .expect("an entity has a head")
+            .slot
     }
 
     /// Admit the head request of the least-key entity of the most urgent
     /// band, without a KV check.
     pub(super) fn admit_next(&mut self) -> Option<u64> {
         let e = self.top_entity()?;
+        Some(self.admit_entity(e))
+    }
+
+    /// Admit entity `e`'s head request (the selection's choice), without a
+    /// KV check.
+    pub(super) fn admit_entity(&mut self, e: u32) -> u64 {
         let c = self.entities[e as usize].client;
         let entry = self.entities[e as usize]
             .queue
@@ -86,7 +101,7 @@ impl Scheduler {
             // a new head, a new counter, or both: re-key every band it waits in
             self.adjust(c);
         }
-        Some(rid)
+        rid
     }
 
     /// The request the policy would admit next, if any.
@@ -105,9 +120,38 @@ impl Scheduler {
     /// keeps what `submit` said. Fails, admitting nothing, when `cached_len`
     /// is not in `0..=prompt_len` of the request that would be popped.
     pub fn pop_cached(&mut self, cached_len: Option<i64>) -> Result<Option<u64>> {
-        let Some(s) = self.next_slot() else {
+        self.pop_from(cached_len, None)
+    }
+
+    /// [`peek`](Self::peek) through the locality window: with a quantum
+    /// (see [`Config::locality_quantum`](crate::Config)), `lookup` is asked
+    /// for the cached prefix of each candidate head (see `window`). Fails,
+    /// changing nothing, when the lookup fails or answers out of range.
+    pub fn peek_with(&mut self, lookup: &mut dyn PrefixLookup) -> Result<Option<u64>> {
+        let e = self.select_entity(Some(lookup))?;
+        Ok(e.map(|e| self.requests[self.head_slot(e) as usize].rid))
+    }
+
+    /// [`pop_cached`](Self::pop_cached) through the locality window (see
+    /// [`peek_with`](Self::peek_with)): the lookup first, then `cached_len`
+    /// against the chosen request; either failing admits nothing.
+    pub fn pop_with(
+        &mut self,
+        cached_len: Option<i64>,
+        lookup: &mut dyn PrefixLookup,
+    ) -> Result<Option<u64>> {
+        self.pop_from(cached_len, Some(lookup))
+    }
+
+    fn pop_from(
+        &mut self,
+        cached_len: Option<i64>,
+        lookup: Option<&mut dyn PrefixLookup>,
+    ) -> Result<Option<u64>> {
+        let Some(e) = self.select_entity(lookup)? else {
             return Ok(None);
         };
+        let s = self.head_slot(e);
         if let Some(k) = cached_len {
             let r = &mut self.requests[s as usize];
             if k < 0 || k as u64 > r.prompt {
@@ -118,7 +162,7 @@ impl Scheduler {
             }
             r.cached = k as u64;
         }
-        Ok(self.admit_next())
+        Ok(Some(self.admit_entity(e)))
     }
 
     /*
@@ -327,6 +371,18 @@ impl Scheduler {
     /// client's queue without admitting or charging it (see above).
     pub fn set_aside(&mut self) -> Option<u64> {
         let e = self.top_entity()?;
+        Some(self.set_aside_entity(e))
+    }
+
+    /// [`set_aside`](Self::set_aside) through the locality window (see
+    /// [`peek_with`](Self::peek_with)); a failing lookup sets nothing aside.
+    pub fn set_aside_with(&mut self, lookup: &mut dyn PrefixLookup) -> Result<Option<u64>> {
+        let e = self.select_entity(Some(lookup))?;
+        Ok(e.map(|e| self.set_aside_entity(e)))
+    }
+
+    /// Take entity `e`'s head out of its queue (see above).
+    fn set_aside_entity(&mut self, e: u32) -> u64 {
         let c = self.entities[e as usize].client;
         let entry = self.entities[e as usize]
             .queue
@@ -344,7 +400,7 @@ impl Scheduler {
         if self.waiting_left(c, e) {
             self.adjust_entity(e);
         }
-        Some(rid)
+        rid
     }
 
     /// Engine mode: return a request [`set_aside`](Self::set_aside) took to

@@ -17,6 +17,7 @@
 //! * `request`: the request record and its states, [`Tokens`], the id hasher;
 //! * `slab`: request slots and the id maps, `submit`;
 //! * `select`: heap keys, bands and entities, which request goes next;
+//! * `window`: the locality window and its [`PrefixLookup`];
 //! * `lift`: the lift, raised counters, the forget floor;
 //! * `charge`: charging clients and bands, the refund at `settle`;
 //! * `running`: the running set's sums per client and band, `decode_all`;
@@ -41,13 +42,15 @@ mod request;
 mod running;
 mod select;
 mod slab;
+mod window;
 
 pub use crate::config::{Policy, Predictor};
 pub use request::{RequestState, Tokens};
+pub use window::{LookupFailed, PrefixLookup};
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};
-use crate::config::check_band_weights;
+use crate::config::{check_band_weights, check_locality_quantum};
 use crate::config::{ClientCap, Config};
 use crate::cost::{Cost, Pending, RunSums};
 use crate::error::{CoreError, Result};
@@ -118,6 +121,10 @@ pub struct Scheduler {
     n_predicting: usize,
     /// At least the largest generated count of a running request.
     gen_hi: u64,
+    /// The locality window's quantum `Q` (0: plain VTC; see `window`).
+    locality_quantum: f64,
+    /// Scratch: the locality window's candidate entities.
+    window: Vec<u32>,
 }
 
 impl Scheduler {
@@ -148,6 +155,7 @@ impl Scheduler {
         let mut s = Scheduler::empty(budget, config.cost, config.policy);
         s.client_cap = config.client_cap.map(|c| c.tokens(budget)).transpose()?;
         s.predictor = config.predictor;
+        s.locality_quantum = config.locality_quantum;
         s.set_band_weights(config.band_weights.as_deref())?;
         Ok(s)
     }
@@ -161,6 +169,7 @@ impl Scheduler {
             client_cap: self.client_cap.map(ClientCap::Tokens),
             predictor: self.predictor,
             band_weights: self.shares.as_ref().map(|s| s.weights.clone()),
+            locality_quantum: self.locality_quantum,
         }
     }
 
@@ -202,6 +211,8 @@ impl Scheduler {
             running_clients: Vec::new(),
             n_predicting: 0,
             gen_hi: 0,
+            locality_quantum: 0.0,
+            window: Vec::new(),
         }
     }
 
@@ -242,6 +253,23 @@ impl Scheduler {
 
     pub fn predictor(&self) -> Predictor {
         self.predictor
+    }
+
+    /// Set the locality window's quantum `Q` (checked as
+    /// [`Config::validate`] checks it: finite, `>= 0`, above 0 only with a
+    /// counter policy); for a scheduler restored from a snapshot, which does
+    /// not keep it. Fails, changing nothing, on a bad value.
+    pub fn set_locality_quantum(&mut self, q: f64) -> Result<()> {
+        check_locality_quantum(q, self.policy)?;
+        self.locality_quantum = q;
+        Ok(())
+    }
+
+    /// The locality window's quantum `Q` in counter units (0: plain VTC);
+    /// set with the [`Config`], used by the `*_with` selecting calls
+    /// ([`schedule_with`](Self::schedule_with), ...) given a [`PrefixLookup`].
+    pub fn locality_quantum(&self) -> f64 {
+        self.locality_quantum
     }
 
     // ---------------------------------------------------------------- views
