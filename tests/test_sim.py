@@ -420,8 +420,8 @@ def test_locality_lpm_reuses_vtc_stays_fair_and_unique_prompts_gain_nothing():
         assert 0 < cache.peak <= cache.capacity == 16384
 
 
-def test_locality_window_rows_run_the_reference_with_the_cache_lookup():
-    """Locality VTC (vtc.reference, locality_quantum=Q) gets more hits than VTC on
+def test_locality_window_rows_run_the_core_with_the_cache_lookup():
+    """Locality VTC (vtc.Scheduler, locality_quantum=Q) gets more hits than VTC on
     shared prefixes, stays within its bound 2(U + Q) here, and loses nothing
     when nothing is shared."""
     report = X.locality(opts(steps=3000))
@@ -440,6 +440,13 @@ def test_locality_window_rows_run_the_reference_with_the_cache_lookup():
             if workload == "prefix-heavy":
                 assert row["hit_rate"] > base["hit_rate"] + 0.2
                 assert row["speedup"] > 1.1
+
+
+def test_locality_window_rows_are_the_same_through_the_reference():
+    """The core's window chooses what vtc.reference's does: the same rows."""
+    core = X.locality(opts(steps=1500)).tables[1].rows
+    ref = X.locality(opts(steps=1500, factory=reference_scheduler)).tables[1].rows
+    assert core == ref
 
 
 # -- reporting and the command line ---------------------------------------------

@@ -25,7 +25,7 @@ experiments:
   replicas    N = 2, 4, 8 replicas, skewed ingress: FCFS vs per-replica VTC vs global VTC
   accounting  cost functions, prefix caching, preemption, per-client caps, length prediction
   locality    a prefix cache (LRU): FCFS vs longest prefix match vs VTC, prefix-heavy and unique;
-              locality VTC (a quantum Q, the reference scheduler) at Q = U/4 .. 2U
+              locality VTC (a quantum Q of the counters) at Q = U/4 .. 2U
   all         every experiment above; writes JSON per table and a PNG per experiment to --out
 
 examples:

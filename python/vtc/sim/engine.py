@@ -475,8 +475,9 @@ def simulate(
     ``use_prefix_lookup`` method gets the engine's :meth:`Engine.lookup` and
     :meth:`Engine.prefix_of` through it (the longest-prefix-match baseline,
     :mod:`vtc.sim.baselines`, orders its queue by them), and one with a
-    ``set_prefix_lookup`` method (``vtc.reference.Scheduler``, whose locality
-    window uses it when ``locality_quantum > 0``) gets :meth:`Engine.lookup`.
+    ``set_prefix_lookup`` method (``vtc.Scheduler`` and ``vtc.reference.Scheduler``,
+    whose locality window uses it when ``locality_quantum > 0``) gets
+    :meth:`Engine.lookup`.
     ``prefill_time`` is the time one computed prompt token adds to its step
     (module docstring); requests arrive by that clock.
     """
@@ -504,7 +505,7 @@ def simulate(
         if hook is not None:
             hook(engine.lookup, engine.prefix_of)
         hook = getattr(sched, "set_prefix_lookup", None)
-        if hook is not None:  # locality VTC (vtc.reference, locality_quantum=Q)
+        if hook is not None:  # locality VTC (locality_quantum=Q; unused at Q = 0)
             hook(engine.lookup)
 
     def submit(rid: int) -> None:

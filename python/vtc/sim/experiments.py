@@ -915,19 +915,20 @@ def _locality_window(
     opts: Options, gens: dict, plain: Table, steps: int, M: int, capacity: int, prefill_time: float
 ) -> Table:
     """Locality VTC (issue 19, item 1): VTC with a quantum ``Q`` of the counters
-    within which the longest cached prefix wins, at ``Q`` = U/4 .. 2U.  The core
-    does not have the window yet: these runs drive the pure-Python reference
-    (``vtc.reference.Scheduler(locality_quantum=Q)``) with the engine's cache
-    lookup as its ``set_prefix_lookup``.  The bound is ``2 (U + Q)``
+    within which the longest cached prefix wins, at ``Q`` = U/4 .. 2U, driven
+    through the run's scheduler (``vtc.Scheduler``, or ``vtc.reference`` with
+    ``--impl reference``: both choose the same requests) built with
+    ``locality_quantum=Q``, with the engine's cache lookup as its
+    ``set_prefix_lookup``.  The bound is ``2 (U + Q)``
     (docs/locality.md); ``Q = 0`` is the plain VTC row of the ``locality`` table."""
     from functools import partial
 
-    from vtc.sim.engine import reference_scheduler
+    from vtc.sim.engine import rust_scheduler
 
     table = Table(
         "locality-window",
         "Locality VTC: a tenant within Q of the least counter may be served, longest cached "
-        "prefix first (vtc.reference; the core has no window yet); bound 2(U + Q); speedup "
+        "prefix first; bound 2(U + Q); speedup "
         "in requests per unit of time over VTC",
         [
             "workload",
@@ -976,7 +977,7 @@ def _locality_window(
                 policy="vtc",
                 cache=PrefixCache(capacity),
                 prefill_time=prefill_time,
-                factory=partial(reference_scheduler, locality_quantum=Q),
+                factory=partial(opts.factory or rust_scheduler, locality_quantum=Q),
             )
             done = sum(1 for f in res.finish if f >= 0)
             drift = metrics.max_pair_drift(res)
