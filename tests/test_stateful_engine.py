@@ -51,6 +51,10 @@ def shaped(values: list[int], how: str, dtype) -> object:
 SHAPES = st.sampled_from(["list", "tuple", "generator", "lying", "array"])
 
 
+class LookupBroken(Exception):
+    """A prefix lookup's own failure (the engine's cache is unreachable)."""
+
+
 def outcome(fn):
     try:
         return ("ok", fn())
@@ -58,6 +62,8 @@ def outcome(fn):
         return ("err", type(e).__name__)
     except TypeError:
         return ("err", "TypeError")
+    except LookupBroken:
+        return ("err", "LookupBroken")
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -164,3 +170,102 @@ class EngineMachine(RuleBasedStateMachine):
 
 TestEngineMachine = EngineMachine.TestCase
 TestEngineMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class LocalityEngineMachine(EngineMachine):
+    """The same machine with the locality window (issue 19): a quantum and a
+    prefix lookup whose answer per request a rule sets, sometimes out of range,
+    not an int, or raising. Both schedulers must also ask the lookup for the
+    same requests in the same order."""
+
+    @initialize(
+        M=st.sampled_from([64, 4096, vtc.MAX_BUDGET]),
+        wp=st.sampled_from([1.0, 0.0, 1e9]),
+        wq=st.sampled_from([2.0, 1e9, 0.5]),
+        Q=st.sampled_from([0.0, 1.0, 50.0, 1e9, 1e300]),
+        policy=st.sampled_from(["vtc", "lcf"]),
+    )
+    def start(self, M, wp, wq, Q, policy):
+        self.M = M
+        self.Q = Q
+        self.pair = (
+            vtc.Scheduler(M, wp, wq, policy, locality_quantum=Q),
+            reference.Scheduler(M, wp, wq, policy, locality_quantum=Q),
+        )
+        self.next_rid = 0
+        self.rids: list[int] = []
+        self.hits: dict = {}
+        self.calls: tuple[list, list] = ([], [])
+        self.lookups = tuple(self._lookup(calls) for calls in self.calls)
+        self.on = True
+        for s, lookup in zip(self.pair, self.lookups):
+            s.set_prefix_lookup(lookup)
+
+    def _lookup(self, calls):
+        def lookup(rid):
+            calls.append(rid)
+            hit = self.hits.get(rid, 0)
+            if hit == "raise":
+                raise LookupBroken(f"cache down for request {rid}")
+            return hit
+
+        return lookup
+
+    def both(self, op: str, *args, **kwargs):
+        for calls in self.calls:
+            calls.clear()
+        got = super().both(op, *args, **kwargs)
+        assert self.calls[0] == self.calls[1], f"{op}{args}: lookups {self.calls}"
+        assert self.Q > 0.0 or self.calls[0] == []
+        return got
+
+    @rule(clients=st.lists(CLIENTS, min_size=2, max_size=5, unique=True))
+    def submit_burst(self, clients):
+        """One request for each of several clients in one band: windows of several."""
+        for client in clients:
+            self.next_rid += 1
+            self.rids.append(self.next_rid)
+            self.both("submit", self.next_rid, client, 5)
+
+    @rule(
+        data=st.data(),
+        hit=st.sampled_from([0, 1, 3, 20, 40, 2**40, -1, 2**70, 1.5, True, np.int32(2), "raise"]),
+    )
+    def set_hit(self, data, hit):
+        if self.rids:
+            self.hits[data.draw(st.sampled_from(self.rids))] = hit
+
+    @rule()
+    def schedule(self):
+        self.both("schedule")
+
+    @rule()
+    def peek(self):
+        self.both("peek")
+
+    @rule(on=st.booleans())
+    def set_prefix_lookup(self, on):
+        self.on = on
+        for s, lookup in zip(self.pair, self.lookups):
+            s.set_prefix_lookup(lookup if on else None)
+
+    @invariant()
+    def same_state_finite_counters_restorable_snapshot(self):
+        # state() peeks: plain VTC while reading (peek with the lookup is a rule)
+        for s in self.pair:
+            s.set_prefix_lookup(None)
+        try:
+            super().same_state_finite_counters_restorable_snapshot()
+        finally:
+            for s, lookup in zip(self.pair, self.lookups):
+                s.set_prefix_lookup(lookup if self.on else None)
+        fast, ref = self.pair
+        assert fast.locality_quantum == ref.locality_quantum == self.Q
+        restored = vtc.Scheduler.from_snapshot(fast.snapshot(), locality_quantum=self.Q)
+        assert restored.locality_quantum == self.Q
+
+
+TestLocalityEngineMachine = LocalityEngineMachine.TestCase
+TestLocalityEngineMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
