@@ -1,16 +1,19 @@
-"""A real SGLang server on this CPU under a long two-tenant backlog (issue 18).
+"""A real SGLang server on this CPU under a long two-tenant backlog, and with a
+failing plugin hook (issue 18).
 
 The servers are those of ``test_sglang_server.py`` (same helpers, same tiny
 random Llama). Everything asserted is read from the server's own records: the
-plugin's per-tenant series on ``/metrics`` (``--enable-metrics``) and each
-response's ``meta_info`` (its token counts and SGLang's own timestamps:
-``request_received_ts``, ``first_token_latency``, ``request_finished_ts``, which
-``--enable-metrics`` adds). The client only submits: on two busy cores it may
-be late, and nothing here depends on its timing.
+plugin's per-tenant series on ``/metrics`` (``--enable-metrics``), the server
+log, and each response's ``meta_info`` (its token counts and SGLang's own
+timestamps: ``request_received_ts``, ``first_token_latency``,
+``request_finished_ts``, which ``--enable-metrics`` adds, and
+``response_sent_to_client_ts``). The client only submits: on two busy cores it
+may be late, and nothing here depends on its timing.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,10 +22,12 @@ import pytest
 from test_sglang_server import (  # noqa: F401 - model_dir is a fixture
     DEADLINE,
     PROMPT,
+    STANDIN,
     Server,
     model_dir,
     requests_of,
     running,
+    submit_in_order,
     tokens,
 )
 
@@ -134,3 +139,87 @@ def test_a_late_tenants_share_of_tokens_while_both_are_backlogged(backlog_server
     assert grew_a + grew_b >= 4 * NEW_TOKENS, (grew_a, grew_b)
     assert 0.35 <= on_metrics <= 0.65, (on_metrics, grew_a, grew_b)
     assert 0.35 <= share <= 0.65, (share, both, generated)
+
+
+# -- a failing hook: logged, and SGLang carries on ----------------------------------------
+
+#: a test-only SGLang plugin (loaded beside vtc, in every process that loads plugins):
+#: vtc's submission of a request of tenant "boom" to its core raises, at every try
+FAULT_PLUGIN = '''
+"""Test-only: make vtc's VtcState.enqueue raise for requests of tenant "boom"."""
+
+
+def register():
+    import vtc.sglang as vs
+
+    real = vs.VtcState.enqueue
+
+    def enqueue(self, req):
+        if vs.tenant_of(req, self.tenant_key) == "boom":
+            raise RuntimeError("injected fault: tenant boom")
+        return real(self, req)
+
+    vs.VtcState.enqueue = enqueue
+'''
+
+
+@pytest.fixture
+def fault_server(model_dir, tmp_path) -> Iterator[Server]:  # noqa: F811
+    """One running slot, the plugin and the test-only plugin ``vtc_fault`` (a module
+    and its ``*.dist-info`` with an ``sglang.srt.plugins`` entry point, on
+    PYTHONPATH), and the plugin's series on /metrics."""
+    site = tmp_path / "site"
+    dist = site / "vtc_fault-0.dist-info"
+    dist.mkdir(parents=True)
+    (site / "vtc_fault.py").write_text(FAULT_PLUGIN)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vtc-fault\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nvtc_fault = vtc_fault:register\n")
+    env = {
+        "VTC_LOG_INTERVAL": "0",
+        "VTC_METRICS_INTERVAL": "0",
+        "SGLANG_PLUGINS": "vtc,vtc_fault",
+        "PYTHONPATH": os.pathsep.join(
+            [str(STANDIN), str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    args = ("--max-running-requests", "1", "--enable-metrics")
+    s = Server(model_dir, tmp_path / "server.log", plugin=True, env=env, args=args)
+    yield from running(s)
+
+
+def test_a_hook_that_fails_is_logged_and_sglang_carries_on(fault_server):
+    """Behind a blocker, tenant boom's request, then four of A and two of B, queued in
+    that order; the plugin fails to submit boom's request to its core, at every try.
+    The plugin promises (vtc.sglang._guarded, tests/sglang/test_sglang_plugin.py) that
+    each failing hook logs the error and SGLang carries on: a pass whose ordering
+    failed runs in SGLang's own order, so boom's request is served (first, by
+    arrival) and never charged; once it has left the queue the others are served in
+    VTC's order (A0 B0 A1 B1 A2 A3, where SGLang's own would be A0-A3 then B0 B1) and
+    charged what they generated."""
+    server = fault_server
+    plan = [("boom0", "boom", 32)] + [(f"A{i}", "A", 32) for i in range(4)]
+    plan += [(f"B{i}", "B", 32) for i in range(2)]
+    out = submit_in_order(server, plan)
+    for name, _, n in plan:
+        assert out[name]["meta_info"]["completion_tokens"] == n, out[name]["meta_info"]
+
+    def sent(name: str) -> float:
+        return out[name]["meta_info"]["response_sent_to_client_ts"]
+
+    done = sorted((p[0] for p in plan), key=sent)
+    assert done == ["boom0", "A0", "B0", "A1", "B1", "A2", "A3"], done
+    text = server.log.read_text(errors="replace")
+    assert "vtc: submit failed; SGLang continues without it for this step" in text
+    assert "vtc: ordering failed; SGLang continues without it for this step" in text
+    assert "RuntimeError: injected fault: tenant boom" in text
+    m = server.wait_for_metrics(
+        "A and B settled",
+        lambda m: (
+            tokens(m, "A", "decode") == 4 * 32
+            and tokens(m, "B", "decode") == 2 * 32
+            and requests_of(m, "A") == requests_of(m, "B") == (0, 0)
+        ),
+    )
+    assert tokens(m, "boom", "prompt") == tokens(m, "boom", "decode") == 0
+    assert requests_of(m, "boom") == (0, 0)
+    assert server.proc.poll() is None, server.tail()

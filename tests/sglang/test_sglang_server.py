@@ -78,8 +78,8 @@ class Server:
             PYTHONPATH=os.pathsep.join([str(STANDIN), *filter(None, [environ.get("PYTHONPATH")])]),
             # SGLang loads every installed plugin unless SGLANG_PLUGINS names some.
             SGLANG_PLUGINS="vtc" if plugin else "stock-sglang-no-plugin",
-            **env,
         )
+        environ.update(env)  # a test's own values win, SGLANG_PLUGINS and PYTHONPATH too
         cmd = [
             sys.executable,
             "-m",
