@@ -87,6 +87,9 @@ class VtcState:
         # SGLang's priority order, read from the scheduler by the arrival hook:
         # 1 (smaller values first), -1 (larger first), None (priority scheduling off)
         self.priority_order: int | None = None
+        # finished requests whose release failed, tried again after the next batch
+        # result (holding each Req keeps its id unique until then)
+        self.unreleased: list[_Req] = []
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> VtcState:
@@ -217,12 +220,31 @@ class VtcState:
     def batch_done(self, reqs: list[_Req]) -> None:
         """A batch result was processed: charge new output tokens (in one core
         call, :meth:`vtc.adapter.Requests.charge_totals`; a request not running
-        is charged once it runs again), release finished requests."""
-        self.requests.charge_totals((id(req), len(req.output_ids)) for req in reqs)
-        for req in reqs:
-            if req.finished():
-                self.requests.release(id(req), finished=True)
-        self.adapter.step_done()  # observers: the trace, shared counters, metrics
+        is charged once it runs again), release finished requests.
+
+        Each part fails on its own (logged, :func:`_guarded`): a failed charge
+        does not keep finished requests in the core (they are released, uncharged
+        for the failed step's tokens, never charged twice: ``charge_totals`` has
+        already counted them as charged), a request whose release fails does not
+        keep the others (it is tried again after each later batch result), and the
+        observers run after every batch result."""
+        _guarded(
+            "charging a batch result",
+            lambda: self.requests.charge_totals((id(req), len(req.output_ids)) for req in reqs),
+        )
+        retry, self.unreleased = self.unreleased, []
+        for req in (*retry, *reqs):
+            released = _guarded("releasing a finished request", lambda req=req: self._release(req))
+            if not released and not any(r is req for r in self.unreleased):
+                self.unreleased.append(req)
+        # observers: the trace, shared counters, metrics
+        _guarded("the observers of a batch result", self.adapter.step_done)
+
+    def _release(self, req: _Req) -> bool:
+        """Release ``req`` if it finished; True unless that must be tried again."""
+        if req.finished():
+            self.requests.release(id(req), finished=True)
+        return True
 
     def retracted(self, reqs: list[_Req], aborted: list[_Req]) -> None:
         """Decode ran out of memory: ``reqs`` go back to waiting, ``aborted`` are gone."""

@@ -560,3 +560,92 @@ def test_a_request_the_plugin_failed_to_track_is_still_served(
     assert "injected fault" in caplog.text
     assert "boom" not in core().services() and vs.get_state().status(boom) is None
     assert core().services() == ({} if alone else {"a": 8.0, "b": 8.0})
+
+
+def test_a_failed_charge_still_releases_the_finished_requests(monkeypatch, caplog) -> None:
+    """Charging a batch result fails (an error in the core call) in a step where a
+    request finishes: logged, and the rest of the batch result still happens. The
+    finished request leaves the core (it would otherwise stay running for ever,
+    holding its Req), the others keep running, uncharged for that step's tokens and
+    never charged them twice, the observers run, and later steps charge normally."""
+    import vtc.adapter as va
+
+    s = make_scheduler()
+    a, b, c = make_req("a", 8), make_req("b", 8), make_req("c", 8)
+    arrive(s, a, b, c)
+    assert prefill_pass(s) == [a, b, c]
+    state = vs.get_state()
+    rids = {r.rid: state.request_id(r) for r in (a, b, c)}
+    step(s, [a, b, c])  # one token each, charged
+    assert [core().generated(rids[r.rid]) for r in (a, b, c)] == [1, 1, 1]
+    steps = []
+    step_done = state.adapter.step_done
+    monkeypatch.setattr(state.adapter, "step_done", lambda: (steps.append(1), step_done()))
+    real = va._decode
+    faults = []
+
+    def decode(core_, per_rid):
+        if not faults:
+            faults.append(1)
+            raise RuntimeError("injected charge fault")
+        return real(core_, per_rid)
+
+    monkeypatch.setattr(va, "_decode", decode)
+    s.model.finish.add(a.rid)
+    step(s, [a, b, c])
+    # a finished: released, though its last token was not charged
+    assert state.status(a) is None and core().status(rids[a.rid]) is None
+    assert faults == [1] and steps == [1]  # the observers ran after the failed charge
+    assert "injected charge fault" in caplog.text
+    assert "vtc: charging a batch result failed" in caplog.text
+    assert state.tracked() == 2 and core().num_running == 2 and state.unreleased == []
+    assert [state.status(r) for r in (b, c)] == ["running", "running"]
+    assert [core().generated(rids[r.rid]) for r in (b, c)] == [1, 1]  # the failed step
+    s.model.finish.add(c.rid)
+    step(s, [b, c])  # charges normally: this step's token, not the failed step's again
+    assert steps == [1, 1]
+    assert core().generated(rids[b.rid]) == 2 and state.status(c) is None
+    assert state.tracked() == 1 and core().num_running == 1
+    assert len(b.output_ids) == 3 and state.requests.get(id(b)).charged == 3
+    s.model.finish.add(b.rid)
+    step(s, [b])
+    assert state.status(b) is None and core().status(rids[b.rid]) is None
+    assert state.tracked() == 0 and core().num_running == 0 and core().num_waiting == 0
+
+
+def test_a_failed_release_keeps_no_other_request(monkeypatch, caplog) -> None:
+    """Releasing one finished request fails: logged, the others of the batch are still
+    charged and released, and the failed one is released after the next batch
+    result."""
+    s = make_scheduler()
+    a, b, c, d = (make_req(t, 8) for t in "abcd")
+    arrive(s, a, b, c)
+    assert prefill_pass(s) == [a, b, c]
+    state = vs.get_state()
+    rid_a = state.request_id(a)
+    real = state.requests.release
+    broken = {id(a)}
+
+    def release(key, finished=False):
+        if key in broken:
+            raise RuntimeError("injected release fault")
+        return real(key, finished=finished)
+
+    monkeypatch.setattr(state.requests, "release", release)
+    s.model.finish.update({a.rid, b.rid, c.rid})
+    step(s, [a, b, c])
+    assert [state.status(r) for r in (a, b, c)] == ["running", None, None]
+    assert "injected release fault" in caplog.text
+    assert "vtc: releasing a finished request failed" in caplog.text
+    assert state.tracked() == 1 and core().num_running == 1
+    assert len(state.unreleased) == 1 and state.unreleased[0] is a
+    assert core().generated(rid_a) == 1  # a's batch was charged
+    assert core().services() == {"a": 10.0, "b": 10.0, "c": 10.0}  # 8 + 2 (wq) each
+    step(s, [])  # no batch result: nothing tried
+    broken.clear()
+    arrive(s, d)
+    assert prefill_pass(s) == [d]
+    step(s, [d])  # the next batch result releases a
+    assert state.status(a) is None and core().status(rid_a) is None
+    assert state.unreleased == [] and state.tracked() == 1 and core().num_running == 1
+    assert core().services() == {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0}
