@@ -301,7 +301,8 @@ def test_check_env_validates_both_sets_and_returns_the_engine_config():
 def test_shared_counter_settings_read_os_environ(monkeypatch):
     monkeypatch.setenv("VTC_REDIS_URL", "redis://r:1/0")
     monkeypatch.setenv("VTC_SYNC_INTERVAL", "3")
-    expected = C.SharedCounterSettings(url="redis://r:1/0", sync_interval=3)
+    monkeypatch.setenv("VTC_SYNC_MODE", "step")
+    expected = C.SharedCounterSettings(url="redis://r:1/0", sync_interval=3, mode="step")
     assert C.shared_counter_settings() == expected
 
 

@@ -798,6 +798,8 @@ class Adapter:
         self.observers.append(sync)
         self.sharing = sync
         self._log.info("VTC: %s", sync.describe())
+        for note in settings.ignored:
+            self._log.warning("VTC: %s", note)
         return sync
 
     def close(self) -> None:

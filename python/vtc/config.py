@@ -485,6 +485,9 @@ class SharedCounterSettings:
     liveness_ms: int = 10_000  # silent this long: taken for dead, reaped by the others
     retry_ms: float = 1000.0  # after a failure, the store is left alone this long
     forget_ms: int = 60_000  # idle this long (and at most the floor): the store forgets it
+    #: Variables set that this mode does not read, one sentence each; the engine
+    #: logs them as warnings when sharing starts (a setting is never ignored silently).
+    ignored: tuple[str, ...] = ()
 
 
 def _redis_url(text: str) -> str:
@@ -512,6 +515,9 @@ def _redis_url(text: str) -> str:
 
 #: ``VTC_SYNC_MODE`` values: how an engine syncs its counters.
 SYNC_MODES = ("background", "step")
+
+#: The background thread's period without ``VTC_SYNC_MS``, in milliseconds.
+DEFAULT_SYNC_MS = 50.0
 
 
 def _sync_mode(env: Mapping[str, str]) -> str:
@@ -547,6 +553,15 @@ def shared_counter_settings(
             f"{MAX_NAMESPACE_LEN} characters without '{{' or '}}' (it is the Redis hash tag "
             "of every key: vtc:{NAMESPACE}:...)"
         )
+    mode = _sync_mode(env)
+    ignored = []
+    interval = _text(env, "VTC_SYNC_INTERVAL")
+    if mode == "background" and interval is not None:
+        ignored.append(
+            f"VTC_SYNC_INTERVAL={interval!r} is ignored: VTC_SYNC_MODE=background syncs from a "
+            "thread every VTC_SYNC_MS milliseconds; set VTC_SYNC_MODE=step to sync every "
+            "VTC_SYNC_INTERVAL engine steps"
+        )
     settings = SharedCounterSettings(
         url=url or "",
         namespace=namespace,
@@ -554,12 +569,13 @@ def shared_counter_settings(
         sync_ms=_positive(env, "VTC_SYNC_MS"),
         replica_id=_text(env, "VTC_REPLICA_ID"),
         timeout_ms=_positive(env, "VTC_REDIS_TIMEOUT_MS") or 100.0,
-        mode=_sync_mode(env),
+        mode=mode,
         liveness_ms=math.ceil(_positive(env, "VTC_SYNC_LIVENESS_MS") or 10_000),
         retry_ms=_positive(env, "VTC_SYNC_RETRY_MS") or 1000.0,
         forget_ms=math.ceil(_positive(env, "VTC_SYNC_FORGET_MS") or 60_000),
+        ignored=tuple(ignored),
     )
-    period = settings.sync_ms or 50.0
+    period = settings.sync_ms or DEFAULT_SYNC_MS
     if settings.mode == "background" and settings.liveness_ms <= period:
         given = _text(env, "VTC_SYNC_LIVENESS_MS")
         liveness = "unset (10000)" if given is None else repr(given)

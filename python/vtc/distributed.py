@@ -78,6 +78,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from vtc._core import MAX_COUNTER
+from vtc.config import DEFAULT_SYNC_MS
 
 if TYPE_CHECKING:
     import redis
@@ -1203,7 +1204,8 @@ class SharedCounters:
         interval_ms: float | None = None,
         waiting: Callable[[], Iterable[Client]] | None = None,
     ) -> None:
-        """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms`` or 50 ms).
+        """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms``, else
+        :data:`vtc.config.DEFAULT_SYNC_MS`: 50 ms).
 
         The engine thread then never waits on the store at all (the core is
         thread-safe); do not also call ``on_step``. ``waiting``, if given, is
@@ -1214,7 +1216,7 @@ class SharedCounters:
         if self._thread is not None:
             raise RuntimeError("already started")
         self.attach(scheduler)
-        period = (interval_ms or self.sync_ms or 50.0) / 1000
+        period = (interval_ms or self.sync_ms or DEFAULT_SYNC_MS) / 1000
         self._stop.clear()
 
         def loop() -> None:

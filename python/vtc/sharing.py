@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 from vtc._core import Scheduler
+from vtc.config import DEFAULT_SYNC_MS
 from vtc.distributed import Client, SharedCounters
 from vtc.observer import AdapterView, Observer
 
@@ -50,6 +51,7 @@ class SharedCounterSync(Observer):
         self.core = core
         self.shared = shared
         self.background = background
+        self.interval_ms = interval_ms
         self._log = log or _log
         shared.attach(core)
         if background:
@@ -83,7 +85,10 @@ class SharedCounterSync(Observer):
     def describe(self) -> str:
         """One line for the start-up log."""
         s = self.shared
-        how = "in the background" if self.background else f"every {s.sync_interval} steps"
+        if self.background:
+            how = f"every {self.interval_ms or s.sync_ms or DEFAULT_SYNC_MS:g} ms in the background"
+        else:
+            how = f"every {s.sync_interval} steps"
         store: Any = s.store
         where = getattr(store, "namespace", "?")
         return f"shared counters on Redis (namespace {where!r}, replica {s.replica_id!r}), {how}"

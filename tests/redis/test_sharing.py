@@ -262,3 +262,31 @@ def test_sync_health_is_on_the_metrics(redis_server):
     metrics.refresh(ad)
     assert reg.get_sample_value("vtc_sync_degraded") == 1.0
     assert reg.get_sample_value("vtc_sync_seconds_count") == 6
+
+
+@pytest.mark.parametrize("mode", ["background", "step"])
+def test_a_sync_interval_the_mode_does_not_read_is_logged_at_start(redis_server, caplog, mode):
+    """``VTC_SYNC_INTERVAL`` counts engine steps, which only ``step`` mode reads: with the
+    background thread it is named in a warning at start-up, not ignored silently."""
+    env = {"VTC_SYNC_MODE": mode, "VTC_SYNC_INTERVAL": "3", "VTC_SYNC_MS": "20"}
+    settings = EngineConfig.from_env({"VTC_REDIS_URL": redis_server.url, **env}).shared
+    with caplog.at_level(logging.INFO, logger="vtc"):
+        ad = adapter(redis_server.url, f"r-{mode}", ns=f"ignored-{mode}", **env)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    warned = [text for level, text in lines if level == logging.WARNING]
+    started = [text for _, text in lines if "shared counters on Redis" in text]
+    try:
+        if mode == "background":
+            assert settings.ignored and warned == [f"VTC: {settings.ignored[0]}"]
+            assert "VTC_SYNC_INTERVAL='3' is ignored" in warned[0]
+            assert started and started[0].endswith("every 20 ms in the background")
+        else:
+            assert settings.ignored == () and warned == []
+            assert started and started[0].endswith("every 3 steps")
+    finally:
+        ad.close()
+
+
+def test_without_a_sync_interval_nothing_is_ignored():
+    settings = EngineConfig.from_env({"VTC_REDIS_URL": "redis://x"}).shared
+    assert settings is not None and settings.ignored == ()
