@@ -41,6 +41,7 @@ __all__ = [
     "VTCConfig",
     "VTCRequestQueue",
     "VTCScheduler",
+    "cached_prompt_tokens",
     "parse_weights",
     "resolve_tenant",
     "tenant_fields",
@@ -68,6 +69,22 @@ def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | Non
 
 VTCConfig = EngineConfig
 """The integration's settings: :class:`vtc.config.EngineConfig` (kept under this name)."""
+
+
+def cached_prompt_tokens(kv_cache_manager: Any, request: Request) -> int:
+    """How many leading tokens of a waiting ``request`` vLLM's prefix cache holds now:
+    the hit ``KVCacheManager.get_computed_blocks`` would find if vLLM admitted it,
+    block-aligned and at most ``num_tokens - 1`` (vLLM always computes the last
+    token), found without that call's side effects (no KV-cache events, no stats,
+    no block touched). 0 when prefix caching is off or the request skips the cache
+    (prompt logprobs). The answer the locality window (docs/locality.md) asks of
+    vLLM."""
+    if not kv_cache_manager.prefix_cache_lookup_enabled(request):
+        return 0
+    _, hit, _ = kv_cache_manager.coordinator.find_longest_cache_hit(
+        request.block_hashes, request.num_tokens - 1
+    )
+    return int(hit)
 
 
 def _admitted(request: Request) -> bool:

@@ -37,6 +37,7 @@ from vtc.vllm import (
     VTCConfig,
     VTCRequestQueue,
     VTCScheduler,
+    cached_prompt_tokens,
     parse_weights,
     resolve_tenant,
 )
@@ -851,3 +852,36 @@ def test_data_parallel_ranks_get_their_own_replica_suffix() -> None:
         data_parallel_suffix(SimpleNamespace(data_parallel_size=2, data_parallel_rank=3)) == "-dp3"
     )
     assert data_parallel_suffix(None) == ""
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_cached_prompt_tokens_is_the_hit_vllm_admits_with(model_dir: str, caching: bool) -> None:
+    """The locality window's question to vLLM (issue 19): for a waiting request, the
+    prefix-cache hit vLLM finds when it admits it, asked without side effects."""
+    config = vllm_config(model_dir, max_num_seqs=4, enable_prefix_caching=caching)
+    s = make_scheduler(VTCScheduler, config)
+    prompt = [11 + (7 * j) % 400 for j in range(80)]  # 5 full blocks
+    s.add_request(make_request("a", prompt=prompt, max_tokens=4))
+    run_until_idle(s)
+
+    waiting = [
+        make_request("b", prompt=prompt, max_tokens=4),  # all cached: 4 blocks (5th recomputed)
+        make_request("c", prompt=prompt[:40] + [500] * 40, max_tokens=4),  # 2 blocks
+        make_request("d", prompt=prompt[:15] + [500] * 65, max_tokens=4),  # less than a block
+        make_request("e", prompt_len=80, max_tokens=4),  # nothing shared
+    ]
+    for r in waiting:
+        s.add_request(r)
+    kvm = s.kv_cache_manager
+    free = kvm.block_pool.get_num_free_blocks()
+    asked = {r.request_id: cached_prompt_tokens(kvm, r) for r in waiting}
+    again = {r.request_id: cached_prompt_tokens(kvm, r) for r in waiting}
+    expected = [64, 32, 0, 0] if caching else [0, 0, 0, 0]
+    assert list(asked.values()) == expected and again == asked
+    assert kvm.block_pool.get_num_free_blocks() == free  # nothing allocated or touched
+    assert all(type(n) is int for n in asked.values())
+    output, _ = step(s)
+    hits = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
+    assert hits == asked  # exactly what vLLM admitted them with
+    run_until_idle(s)
+    assert_empty(s)
