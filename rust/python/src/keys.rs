@@ -1,27 +1,15 @@
-//! Client keys as Python gives them (an int or a str) and their bytes in
-//! snapshots: reading a key argument, turning key bytes back into Python.
+//! Client keys between Python and the core's key type (`vtc_core::ClientKey`,
+//! interned by the core's `ClientKeys`): reading a key argument (an int or a
+//! str), turning a key back into Python.
 
 use std::borrow::Cow;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
+use vtc_core::{ClientKey, KeyRef};
 
 use crate::convert::type_error;
 use crate::errors::{invalid, Result};
-
-/// A client key as Python gave it: an int or a str. A str is kept as its
-/// UTF-8 bytes, encoded with `surrogatepass` so that every Python str (even
-/// one holding a lone surrogate, which is not valid UTF-8) is a key.
-#[derive(Clone, Debug)]
-pub(crate) enum Key {
-    Int(i64),
-    Str(Box<[u8]>),
-}
-
-pub(crate) enum KeyRef<'a> {
-    Int(i64),
-    Str(Cow<'a, [u8]>),
-}
 
 /// The key bytes of a str: borrowed UTF-8 when it is valid Unicode, else
 /// `str.encode(s, "utf-8", "surrogatepass")` (lone surrogates).
@@ -62,41 +50,17 @@ pub(crate) fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
     Err(type_error("client", "an int or a str", obj))
 }
 
-/// Snapshot key bytes: tag 0 + i64 (little-endian) or tag 1 + UTF-8.
-pub(crate) fn encode_key(k: &Key) -> Vec<u8> {
-    match k {
-        Key::Int(i) => {
-            let mut v = vec![0u8];
-            v.extend_from_slice(&i.to_le_bytes());
-            v
-        }
-        Key::Str(s) => {
-            let mut v = vec![1u8];
-            v.extend_from_slice(s);
-            v
-        }
-    }
-}
-
-pub(crate) fn decode_key(raw: &[u8]) -> Option<Key> {
-    match raw.split_first()? {
-        (0, rest) => Some(Key::Int(i64::from_le_bytes(rest.try_into().ok()?))),
-        (1, rest) => Some(Key::Str(rest.into())),
-        _ => None,
-    }
-}
-
-pub(crate) fn key_to_py<'py>(py: Python<'py>, k: &Key) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn key_to_py<'py>(py: Python<'py>, k: &ClientKey) -> PyResult<Bound<'py, PyAny>> {
     Ok(match k {
-        Key::Int(i) => i.into_pyobject(py)?.into_any(),
-        Key::Str(s) => str_of(py, s)?,
+        ClientKey::Int(i) => i.into_pyobject(py)?.into_any(),
+        ClientKey::Str(s) => str_of(py, s)?,
     })
 }
 
 /// A dict of client key -> value, built after the lock is released.
 pub(crate) fn key_dict<'py, V: IntoPyObject<'py>>(
     py: Python<'py>,
-    values: Vec<(Key, V)>,
+    values: Vec<(ClientKey, V)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (k, v) in values {

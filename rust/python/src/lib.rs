@@ -1,13 +1,13 @@
 //! `vtc._core`: a thin PyO3 layer over `vtc-core`.
 //!
-//! Arguments are read into plain Rust values first (client keys are interned
-//! to the core's dense ids here); the work then runs on the core, with the
+//! Arguments are read into plain Rust values first (client keys into the
+//! core's key type, which the core's `ClientKeys` interns to dense ids); the work then runs on the core, with the
 //! GIL released for batch calls. The scheduler sits behind a mutex so that
 //! API threads and an engine thread can share one object safely.
 //!
 //! Modules: `convert` reads argument shapes (ints, floats, batches, mappings,
-//! the client cap) into Rust values, `keys` client keys and their snapshot
-//! bytes, `costs` the cost objects, `errors` the one conversion of core
+//! the client cap) into Rust values, `keys` client keys (Python's int or
+//! str to the core's `ClientKey` and back), `costs` the cost objects, `errors` the one conversion of core
 //! errors into Python exceptions. The `Scheduler` class is this file (its
 //! state, the lock, construction and configuration), `engine` (the calls
 //! that change requests) and `views` (read-only views, snapshots): one class
@@ -21,19 +21,19 @@ mod keys;
 mod lookup;
 mod views;
 
-use std::collections::HashMap;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyString};
-use vtc_core::{ClientId, Config, CoreError, Cost, Policy, Predictor};
+use vtc_core::{
+    ClientId, ClientKey, ClientKeys, Config, CoreError, Cost, KeyRef, Policy, Predictor,
+};
 
 use convert::{band_weights_arg, client_cap_arg, float_arg, i64_arg, mapping_items, type_error};
 use costs::{cost_arg, cost_repr, cost_to_py, PyContextCost, PyLinearCost, PyQuadraticCost};
 use errors::{invalid, Error, Result};
-use keys::{client_arg, key_dict, Key, KeyRef};
+use keys::{client_arg, key_dict};
 
 /// A keyword argument that tells "not given" (`Given(None)`, its default)
 /// from any value, `None` included (for arguments whose default is not
@@ -80,10 +80,8 @@ fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
 
 struct Inner {
     core: vtc_core::Scheduler,
-    ints: HashMap<i64, u32>,
-    strs: HashMap<Box<[u8]>, u32>,
-    /// Key of each client id; `None` for ids the core forgot (free for reuse).
-    keys: Vec<Option<Key>>,
+    /// The client keys, interned to the core's client ids.
+    keys: ClientKeys,
     /// Reused copies of a batch call's numpy arguments (no allocation per step).
     scratch: Scratch,
     /// The locality window's prefix lookup (`set_prefix_lookup`), if any.
@@ -110,44 +108,11 @@ impl Inner {
     }
 
     fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
-        match k {
-            KeyRef::Int(i) => self.ints.get(i),
-            KeyRef::Str(s) => self.strs.get(s.as_ref()),
-        }
-        .map(|&c| ClientId(c))
+        self.keys.lookup(k)
     }
 
     fn intern(&mut self, k: &KeyRef<'_>) -> ClientId {
-        if let Some(c) = self.lookup(k) {
-            return c;
-        }
-        let c = self.core.add_client();
-        let key = match k {
-            KeyRef::Int(i) => {
-                self.ints.insert(*i, c.0);
-                Key::Int(*i)
-            }
-            KeyRef::Str(s) => {
-                let b: Box<[u8]> = s.as_ref().into();
-                self.strs.insert(b.clone(), c.0);
-                Key::Str(b)
-            }
-        };
-        let id = c.0 as usize;
-        if id == self.keys.len() {
-            self.keys.push(Some(key));
-        } else {
-            self.keys[id] = Some(key); // a forgotten id, reused
-        }
-        c
-    }
-
-    /// Live clients as (id, key), in id order.
-    fn live_keys(&self) -> impl Iterator<Item = (ClientId, &Key)> {
-        self.keys
-            .iter()
-            .enumerate()
-            .filter_map(|(i, k)| k.as_ref().map(|k| (ClientId(i as u32), k)))
+        self.keys.intern(&mut self.core, k)
     }
 }
 
@@ -289,9 +254,7 @@ impl PyScheduler {
         })?;
         Ok(PyScheduler::new_inner(Inner {
             core,
-            ints: HashMap::new(),
-            strs: HashMap::new(),
-            keys: Vec::new(),
+            keys: ClientKeys::new(),
             scratch: Scratch::default(),
             prefix_lookup: None,
         }))
@@ -534,9 +497,10 @@ impl PyScheduler {
         py: Python<'py>,
         f: impl Fn(&vtc_core::Client) -> V,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let values: Vec<(Key, V)> = {
+        let values: Vec<(ClientKey, V)> = {
             let g = self.lock(py)?;
-            g.live_keys()
+            g.keys
+                .live()
                 .map(|(c, k)| {
                     (
                         k.clone(),

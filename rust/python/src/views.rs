@@ -1,16 +1,14 @@
 //! The Scheduler's read-only views (request states, clients, counters,
 //! tallies), `forget_idle`, snapshots, and the test hooks.
 
-use std::collections::HashMap;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
-use vtc_core::{CoreError, Predictor, RequestState};
+use vtc_core::{ClientKey, ClientKeys, Predictor, RequestState};
 
 use crate::convert::{band_weights_arg, client_cap_arg, request_id_arg, rid_of, type_error, Ints};
 use crate::costs::cost_arg;
 use crate::errors::{Error, Result};
-use crate::keys::{decode_key, encode_key, key_dict, key_to_py, Key};
+use crate::keys::{key_dict, key_to_py};
 use crate::{locality_quantum_arg, Given, Inner, PyScheduler, Scratch};
 
 #[pymethods]
@@ -71,7 +69,7 @@ impl PyScheduler {
     }
 
     fn clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys: Vec<Key> = self.lock(py)?.live_keys().map(|(_, k)| k.clone()).collect();
+        let keys: Vec<ClientKey> = self.lock(py)?.keys.live().map(|(_, k)| k.clone()).collect();
         let list = PyList::empty(py);
         for k in &keys {
             list.append(key_to_py(py, k)?)?;
@@ -95,12 +93,12 @@ impl PyScheduler {
     /// Every client with live requests, `(waiting, running)`, set-aside
     /// requests counted as waiting (the keys as in `tokens`). See `vtc/_core.pyi`.
     fn active_clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let values: Vec<(Key, (usize, usize))> = {
+        let values: Vec<(ClientKey, (usize, usize))> = {
             let g = self.lock(py)?;
             g.core
                 .active_clients()
                 .map(|(c, counts)| {
-                    let key = g.keys[c.0 as usize].as_ref();
+                    let key = g.keys.key(c);
                     (key.expect("interned client has a key").clone(), counts)
                 })
                 .collect()
@@ -114,23 +112,7 @@ impl PyScheduler {
         let mut g = self.lock(py)?;
         let mut gone = Vec::new();
         g.core.forget_idle(&mut gone);
-        for c in &gone {
-            match g.keys[c.0 as usize].take() {
-                Some(Key::Int(i)) => {
-                    g.ints.remove(&i);
-                }
-                Some(Key::Str(s)) => {
-                    g.strs.remove(&s);
-                }
-                None => {}
-            }
-        }
-        if g.ints.capacity() > 4 * g.ints.len() + 1024 {
-            g.ints.shrink_to_fit();
-        }
-        if g.strs.capacity() > 4 * g.strs.len() + 1024 {
-            g.strs.shrink_to_fit();
-        }
+        g.keys.release(&gone);
         Ok(gone.len())
     }
 
@@ -140,13 +122,8 @@ impl PyScheduler {
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let data = {
             let g = self.lock_any(py);
-            g.core.snapshot(|c| {
-                encode_key(
-                    g.keys[c.0 as usize]
-                        .as_ref()
-                        .expect("live client has a key"),
-                )
-            })
+            g.core
+                .snapshot(|c| g.keys.key(c).expect("live client has a key").encode())
         };
         PyBytes::new(py, &data)
     }
@@ -205,29 +182,14 @@ impl PyScheduler {
             .scheduler
             .set_band_weights(band_weights.as_deref())?;
         restored.scheduler.set_locality_quantum(locality_quantum)?;
-        let mut inner = Inner {
+        // a key the core accepts must also be one Python can hold
+        let keys = ClientKeys::from_snapshot_keys(&restored.keys, |k| key_to_py(py, k).is_ok())?;
+        let inner = Inner {
             core: restored.scheduler,
-            ints: HashMap::new(),
-            strs: HashMap::new(),
-            keys: Vec::with_capacity(restored.keys.len()),
+            keys,
             scratch: Scratch::default(),
             prefix_lookup: None,
         };
-        for (i, raw) in restored.keys.iter().enumerate() {
-            let key = decode_key(raw)
-                .filter(|k| key_to_py(py, k).is_ok())
-                .ok_or_else(|| CoreError::BadSnapshot(format!("client {i} has a malformed key")))?;
-            let dup = match &key {
-                Key::Int(v) => inner.ints.insert(*v, i as u32).is_some(),
-                Key::Str(v) => inner.strs.insert(v.clone(), i as u32).is_some(),
-            };
-            if dup {
-                return Err(
-                    CoreError::BadSnapshot(format!("client key {key:?} appears twice")).into(),
-                );
-            }
-            inner.keys.push(Some(key));
-        }
         Ok(PyScheduler::new_inner(inner))
     }
 
@@ -242,12 +204,9 @@ impl PyScheduler {
         g.core
             .check_invariants()
             .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
-        let live = g.live_keys().count();
-        if live != g.core.num_clients() || g.ints.len() + g.strs.len() != live {
-            return Err(Error::Py(pyo3::exceptions::PyAssertionError::new_err(
-                "client interning out of sync",
-            )));
-        }
+        g.keys
+            .check(&g.core)
+            .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
         Ok(())
     }
 }
