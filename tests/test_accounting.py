@@ -309,14 +309,14 @@ def test_accounting_experiment_runs_and_shows_each_effect():
     assert cap[0]["utilization"] > cap[1]["utilization"] > cap[2]["utilization"]
 
 
-def test_snapshot_restores_with_the_options_passed_again():
+def test_snapshot_restores_the_options_and_arguments_replace_them():
     s = vtc.Scheduler(1000, cost="context", client_cap=0.5)
     s.submit(1, "a", 100)
     s.schedule()
     s.decode()
     data = s.snapshot()
-    plain = vtc.Scheduler.from_snapshot(data)
-    assert plain.cost == vtc.LinearCost(1.0, 2.0)
+    plain = vtc.Scheduler.from_snapshot(data)  # a version 2 snapshot stores them
+    assert plain.cost == s.cost and plain.client_cap == 500 and plain.predictor == "none"
     again = vtc.Scheduler.from_snapshot(data, cost=s.cost, client_cap=0.5, predictor="mean")
     assert again.cost == s.cost and again.client_cap == 500 and again.predictor == "mean"
     assert again.counter("a") == s.counter("a")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import random
 
 import pytest
@@ -90,3 +91,158 @@ def test_other_version_is_rejected_with_its_number():
     data[8:12] = (vtc.SNAPSHOT_VERSION + 1).to_bytes(4, "little")
     with pytest.raises(vtc.SnapshotError, match=f"version {vtc.SNAPSHOT_VERSION + 1}"):
         vtc.Scheduler.from_snapshot(bytes(data))
+
+
+# -- format versions ------------------------------------------------------------------------
+
+V1_FILE = pathlib.Path(__file__).parent / "data" / "snapshot_v1.bin"
+
+
+def test_a_version_1_snapshot_loads_to_the_state_it_held():
+    """``data/snapshot_v1.bin`` was written by the format-1 code (main at d516f15):
+
+    s = vtc.Scheduler(1000, 1.5, 3.0, "vtc"); s.set_weight("alice", 2.5)
+    submit 1: 7 (100), 2: "alice" (200), 3: "\\ud800x" (50), 4: -3 (30); schedule;
+    decode twice; finish 4, 1, 3, 2; submit 5: "gone" (1) and cancel it;
+    forget_idle() (forgets -3, whose id "gone" took); snapshot.
+    """
+    data = V1_FILE.read_bytes()
+    assert data[8:12] == (1).to_bytes(4, "little")
+    s = vtc.Scheduler.from_snapshot(data)
+    assert s.clients() == ["alice", 7, "\ud800x", "gone"]
+    assert s.counters() == {"alice": 122.4, 7: 156.0, "\ud800x": 81.0, "gone": 51.0}
+    assert s.services() == {"alice": 122.4, 7: 156.0, "\ud800x": 81.0, "gone": 0.0}
+    assert {c: s.weight(c) for c in s.clients()} == {
+        "alice": 2.5,
+        7: 1.0,
+        "\ud800x": 1.0,
+        "gone": 1.0,
+    }
+    # version 1 kept M, wp, wq and the policy; the rest is the default
+    assert repr(s) == "Scheduler(M=1000, wp=1.5, wq=3.0, policy='vtc')"
+    assert (s.client_cap, s.predictor, s.band_weights(), s.locality_quantum) == (
+        None,
+        "none",
+        None,
+        0.0,
+    )
+    assert all(s.credit(c) == 0.0 for c in s.clients())
+    s._check_invariants()
+    # written again, it is version 2 and restores to the same scheduler
+    again = vtc.Scheduler.from_snapshot(s.snapshot())
+    assert again.snapshot()[8:12] == vtc.SNAPSHOT_VERSION.to_bytes(4, "little") == b"\x02\0\0\0"
+    assert state(again, tokens=False) == state(s, tokens=False) and repr(again) == repr(s)
+    s.submit(9, "newcomer", 10)  # the lift reference (the last to leave) survived
+    assert s.counter("newcomer") == 51.0
+    # arguments apply to a version 1 snapshot as they always did
+    t = vtc.Scheduler.from_snapshot(
+        data,
+        cost="context",
+        client_cap=0.5,
+        predictor="mean",
+        band_weights={0: 2.0},
+        locality_quantum=5.0,
+    )
+    assert (t.cost, t.client_cap, t.predictor) == (vtc.ContextCost(), 500, "mean")
+    assert (t.band_weights(), t.locality_quantum) == ({0: 2.0}, 5.0)
+    assert t.counters() == vtc.Scheduler.from_snapshot(data).counters()
+
+
+def test_a_version_1_snapshot_is_rejected_when_any_byte_is_flipped_or_cut():
+    data = V1_FILE.read_bytes()
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x01
+        with pytest.raises(vtc.SnapshotError, match="cannot restore snapshot"):
+            vtc.Scheduler.from_snapshot(bytes(bad))
+    for n in range(len(data)):
+        with pytest.raises(vtc.SnapshotError, match="cannot restore snapshot"):
+            vtc.Scheduler.from_snapshot(data[:n])
+
+
+def _configured() -> vtc.Scheduler:
+    """A scheduler using every option, with credits and moving averages."""
+    s = vtc.Scheduler(
+        2000,
+        policy="vtc",
+        cost=vtc.QuadraticCost(2.0, 1.0, 0.5, 0.25, 3.0),
+        client_cap=0.5,
+        predictor="mean",
+        band_weights={0: 3.0, 5: 0.5},
+        locality_quantum=12.5,
+    )
+    s.set_weight("b", 2.0)
+    for rid, (client, prompt, out) in enumerate([("a", 40, 5), ("b", 30, 9), (3, 20, 2)]):
+        s.submit(rid, client, prompt, priority=5 * (rid % 2))
+        s.schedule()
+        for _ in range(out):
+            s.decode()
+        s.finish(rid)
+    # a second round predicts from the averages and refunds the over-prediction
+    for rid, (client, prompt) in enumerate([("a", 10), ("b", 10)], start=10):
+        s.submit(rid, client, prompt)
+    s.schedule()
+    s.decode()
+    for rid in (10, 11):
+        s.finish(rid)
+    assert s.credit("a") > 0 and s.credit("b") > 0
+    return s
+
+
+def test_a_version_2_snapshot_restores_the_whole_configuration_without_arguments():
+    a = _configured()
+    data = a.snapshot()
+    assert data[8:12] == (2).to_bytes(4, "little")
+    b = vtc.Scheduler.from_snapshot(data)
+    assert repr(b) == repr(a)
+    assert (b.cost, b.client_cap, b.predictor) == (a.cost, 1000, "mean")
+    assert (b.band_weights(), b.locality_quantum, b.policy, b.M) == (
+        {0: 3.0, 5: 0.5},
+        12.5,
+        "vtc",
+        2000,
+    )
+    assert state(b, tokens=False) == state(a, tokens=False)
+    assert {c: b.credit(c) for c in a.clients()} == {c: a.credit(c) for c in a.clients()}
+    assert b.snapshot() == data
+    # the moving averages came along: the same requests get the same predictions
+    for s in (a, b):
+        for rid, client in enumerate(["a", "b", 3], start=20):
+            s.submit(rid, client, 10)
+        s.schedule()
+        s.decode()
+    assert state(b, tokens=False) == state(a, tokens=False)
+    b._check_invariants()
+
+
+def test_arguments_given_replace_the_stored_configuration_and_omitted_ones_keep_it():
+    a = _configured()
+    data = a.snapshot()
+    b = vtc.Scheduler.from_snapshot(data, cost="linear", client_cap=7, band_weights={1: 2.0})
+    assert (b.cost, b.client_cap, b.band_weights()) == (vtc.LinearCost(1.0, 2.0), 7, {1: 2.0})
+    assert (b.predictor, b.locality_quantum) == ("mean", 12.5)  # kept
+    c = vtc.Scheduler.from_snapshot(data, predictor="none", locality_quantum=0.0, band_weights=None)
+    assert (c.predictor, c.locality_quantum) == ("none", 0.0)
+    assert c.band_weights() == {0: 3.0, 5: 0.5}  # None is "not given"
+    assert c.counters() == a.counters()
+    # a bad argument raises naming it, whatever the snapshot holds
+    with pytest.raises(vtc.InvalidArgumentError, match="-1"):
+        vtc.Scheduler.from_snapshot(data, locality_quantum=-1.0)
+    fcfs = vtc.Scheduler(100, policy="fcfs").snapshot()
+    with pytest.raises(vtc.InvalidArgumentError, match="locality"):
+        vtc.Scheduler.from_snapshot(fcfs, locality_quantum=1.0)
+
+
+def test_a_version_2_snapshot_is_rejected_when_any_byte_is_flipped_or_cut():
+    data = _configured().snapshot()
+    for i in range(len(data)):
+        for bit in (0x01, 0x80):
+            bad = bytearray(data)
+            bad[i] ^= bit
+            with pytest.raises(vtc.SnapshotError, match="cannot restore snapshot"):
+                vtc.Scheduler.from_snapshot(bytes(bad))
+    for n in range(len(data)):
+        with pytest.raises(vtc.SnapshotError, match="cannot restore snapshot"):
+            vtc.Scheduler.from_snapshot(data[:n])
+    with pytest.raises(vtc.SnapshotError, match="padded"):
+        vtc.Scheduler.from_snapshot(data + b"\0")

@@ -17,7 +17,7 @@ MAX_PRICE: float  # the largest price of a token: wp, wq, every cost coefficient
 MIN_WEIGHT: float  # the smallest client weight (1e-6)
 MAX_WEIGHT: float  # the largest client weight (1e6)
 MAX_COUNTER: float  # the largest magnitude raise_counter accepts (1e30)
-SNAPSHOT_VERSION: int
+SNAPSHOT_VERSION: int  # the format snapshot() writes (2); from_snapshot also reads 1
 
 def key_id(key: Hashable, /) -> int:
     """The request id ``decode_outputs(..., missing="hash")`` gives ``key``:
@@ -177,7 +177,7 @@ class Scheduler:
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
-        locality_quantum: float = ...,  # 0.0 when omitted
+        locality_quantum: float = ...,  # the stored value when omitted
     ) -> Self: ...
     @property
     def locality_quantum(self) -> float:
@@ -427,11 +427,15 @@ class Scheduler:
         proportional to the live clients. Returns the number forgotten.
         """
     def snapshot(self) -> bytes:
-        """The fairness state as bytes: configuration, every client's counter, service
-        and weight, and the client that last left the backlog.
+        """The state as bytes (format ``SNAPSHOT_VERSION``, 2): the whole configuration
+        (``M``, the cost, the policy, ``client_cap`` in tokens, the predictor, the band
+        weights, ``locality_quantum``), every client's key, counter, service, weight,
+        refund credit and ``mean`` moving average, and the client that last left the
+        backlog.
 
         Requests are not included (an engine that restarts has lost its batch and
-        resubmits). Versioned and checksummed.
+        resubmits), nor the ``tokens()`` tallies, the band counters or the prefix
+        lookup. Versioned and checksummed.
         """
     @staticmethod
     def from_snapshot(
@@ -441,18 +445,21 @@ class Scheduler:
         client_cap: int | float | None = None,
         predictor: Literal["none", "mean"] | None = None,
         band_weights: Mapping[int, float] | None = None,
-        locality_quantum: float = ...,  # 0.0 when omitted
+        locality_quantum: float = ...,  # the stored value when omitted
     ) -> Scheduler:
-        """A scheduler with the fairness state of ``data`` and no requests.
+        """A scheduler with the state of ``data`` and no requests.
 
-        The snapshot keeps ``M``, ``wp``, ``wq`` and the policy only: pass ``cost``,
-        ``client_cap``, ``predictor``, ``band_weights`` and ``locality_quantum`` again
-        (and ``set_prefix_lookup``) to restore a scheduler
-        that used them (refund credits, moving averages and band counters are not
-        kept; every client's ``tokens()`` tally starts at ``(0, 0)``).
+        With no arguments, a version 2 snapshot restores the whole configuration it
+        stores. Each argument given replaces the stored value (a restarted engine may
+        change its cost, say); one omitted, or None, keeps it (to drop stored band
+        weights, call ``set_band_weights(None)`` afterwards). A version 1 snapshot
+        stores ``M``, ``wp``, ``wq`` and the policy only: the rest is the default
+        unless given, and its credits and moving averages start empty. A bad argument
+        raises as in ``Scheduler(...)``. ``set_prefix_lookup`` is not kept; every
+        client's ``tokens()`` tally starts at ``(0, 0)``.
 
-        Raises ``SnapshotError`` if ``data`` is truncated, corrupted or of another
-        version.
+        Raises ``SnapshotError`` naming what is wrong if ``data`` is truncated,
+        corrupted or of another version.
         """
     def _panic_for_tests(self) -> None:
         """Tests only: panic inside the core's lock, as an internal bug would."""

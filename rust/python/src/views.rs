@@ -5,11 +5,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
 use vtc_core::{ClientKey, ClientKeys, Predictor, RequestState};
 
-use crate::convert::{band_weights_arg, client_cap_arg, request_id_arg, rid_of, type_error, Ints};
+use crate::convert::{
+    band_weights_arg, client_cap_arg, float_arg, request_id_arg, rid_of, type_error, Ints,
+};
 use crate::costs::cost_arg;
 use crate::errors::{Error, Result};
 use crate::keys::{key_dict, key_to_py};
-use crate::{locality_quantum_arg, Given, Inner, PyScheduler, Scratch};
+use crate::{Given, Inner, PyScheduler, Scratch};
 
 #[pymethods]
 impl PyScheduler {
@@ -116,8 +118,9 @@ impl PyScheduler {
         Ok(gone.len())
     }
 
-    /// The fairness state (configuration, every client's counter, service
-    /// and weight, the last client to leave the backlog) as bytes. Works
+    /// The state (the whole configuration, every client's key, counter,
+    /// service, weight, refund credit and moving average, the last client
+    /// to leave the backlog) as bytes, format version 2. Works
     /// even on a scheduler disabled by an internal error: it is the way out.
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let data = {
@@ -128,7 +131,10 @@ impl PyScheduler {
         PyBytes::new(py, &data)
     }
 
-    /// A scheduler with the fairness state of `data` and no requests.
+    /// A scheduler with the state of `data` and no requests. Each argument
+    /// given replaces the value the snapshot stores; one omitted (or None)
+    /// keeps it (a version 1 snapshot stores M, wp, wq and the policy, the
+    /// rest is the default).
     #[staticmethod]
     #[pyo3(signature = (data, *, cost = None, client_cap = None, predictor = None, band_weights = None, locality_quantum = Given(None)))]
     fn from_snapshot(
@@ -142,7 +148,9 @@ impl PyScheduler {
     ) -> Result<Self> {
         let cost = cost.map(cost_arg).transpose()?;
         let band_weights = band_weights_arg(band_weights)?;
-        let locality_quantum = locality_quantum_arg(&locality_quantum)?;
+        let locality_quantum = (locality_quantum.0.as_ref())
+            .map(|q| float_arg("locality_quantum", q))
+            .transpose()?;
         let predictor: Option<Predictor> = match predictor {
             None => None,
             Some(p) => Some(
@@ -178,10 +186,12 @@ impl PyScheduler {
         if let Some(p) = predictor {
             restored.scheduler.set_predictor(p);
         }
-        restored
-            .scheduler
-            .set_band_weights(band_weights.as_deref())?;
-        restored.scheduler.set_locality_quantum(locality_quantum)?;
+        if let Some(w) = band_weights {
+            restored.scheduler.set_band_weights(Some(&w))?;
+        }
+        if let Some(q) = locality_quantum {
+            restored.scheduler.set_locality_quantum(q)?;
+        }
         // a key the core accepts must also be one Python can hold
         let keys = ClientKeys::from_snapshot_keys(&restored.keys, |k| key_to_py(py, k).is_ok())?;
         let inner = Inner {

@@ -415,14 +415,35 @@ impl Scheduler {
         self.last_left = c.map(|c| c.0);
     }
 
-    /// Snapshot restore: set an idle client's state directly.
-    pub(crate) fn restore_client(&mut self, c: ClientId, counter: f64, service: f64, weight: f64) {
+    /// Snapshot restore: set an idle client's state directly (its refund
+    /// credit, and the `mean` predictor's average of it if it has one).
+    pub(crate) fn restore_client(
+        &mut self,
+        c: ClientId,
+        (counter, service, weight): (f64, f64, f64),
+        credit: f64,
+        mean: Option<f64>,
+    ) {
         let cl = &mut self.clients[c.0 as usize];
         debug_assert!(cl.n_waiting == 0 && cl.n_running == 0);
         cl.counter = counter;
         cl.service = service;
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
+        cl.credit = credit;
+        if let Some(m) = mean {
+            if self.means.len() <= c.0 as usize {
+                self.means.resize(self.clients.len(), None);
+            }
+            self.means[c.0 as usize] = Some(m);
+        }
+    }
+
+    /// The `mean` predictor's moving average of client `c`'s finished
+    /// output lengths (`None` before its first finish, or if `c` is not live).
+    pub fn mean(&self, c: ClientId) -> Option<f64> {
+        self.client(c).ok()?;
+        self.means.get(c.0 as usize).copied().flatten()
     }
 
     // -------------------------------------------------------- configuration
