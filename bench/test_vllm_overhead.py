@@ -27,10 +27,17 @@ stock vLLM's code with a waiting queue that replays VTC's admissions
 (:class:`ReplayQueue`), does exactly VTC's work in VTC's order without VTC's
 code: VTC/replay is the time VTC's code adds, replay/stock what the order
 costs.
+
+``test_metrics_overhead`` measures what the per-tenant metrics (docs/metrics.md) add
+to the step: VTCScheduler with them off, in a fresh multiprocess directory and in the
+default registry, interleaved, at the file's tenant count and at 1,000, the periodic
+refresh at its real rate; it also checks the series against vLLM's own record.
+Figures: bench/README.md.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import statistics
@@ -55,6 +62,7 @@ from vllm_harness import (  # noqa: E402
     write_tiny_llama,
 )
 
+from vtc.observer import Observer  # noqa: E402
 from vtc.vllm import VTCRequestQueue, VTCScheduler  # noqa: E402
 
 TENANTS = 64
@@ -72,9 +80,13 @@ TRIALS = int(os.environ.get("VTC_BENCH_TRIALS", 3))
 class Engine:
     """vLLM's scheduler driven like the engine core does, with a seeded workload."""
 
-    def __init__(self, scheduler: Any, seed: int = 1) -> None:
+    def __init__(self, scheduler: Any, seed: int = 1, tenants: int = TENANTS) -> None:
         self.s = scheduler
         self.rng = random.Random(seed)
+        self.tenants = tenants
+        self.tenant_of: dict[str, str] = {}  # request id -> tenant
+        # per tenant, the tokens vLLM computed for it, while set (see tally_charges)
+        self.tally: dict[str, dict[str, int]] | None = None
         self.created: list = []  # every request, in creation order
         self.index_of: dict[str, int] = {}  # request id -> creation index
         self.admissions: list[list[int]] = []  # per step: creation indices admitted
@@ -87,11 +99,9 @@ class Engine:
 
     def new_request(self) -> Any:
         rng = self.rng
-        request = make_request(
-            f"t{rng.randrange(TENANTS)}",
-            rng.randint(64, 512),
-            rng.randint(32, 384),
-        )
+        tenant = f"t{rng.randrange(self.tenants)}"
+        request = make_request(tenant, rng.randint(64, 512), rng.randint(32, 384))
+        self.tenant_of[request.request_id] = tenant
         self.index_of[request.request_id] = len(self.created)
         self.created.append(request)
         return request
@@ -112,8 +122,25 @@ class Engine:
         finished = sum(
             1 for outs in result.values() for o in outs.outputs if o.finish_reason is not None
         )
+        if self.tally is not None:
+            self.tally_charges(output, result)
         self.pending = [self.new_request() for _ in range(finished)]
         self.steps += 1
+
+    def tally_charges(self, output: Any, result: dict) -> None:
+        """Add this step's work per tenant to :attr:`tally`, as vLLM saw it: the
+        whole prompt of each request admitted (no prefix caching, no preemption in
+        this workload) and every token the step generated."""
+        tally = self.tally
+        assert tally is not None
+        for new in output.scheduled_new_reqs:
+            prompt = self.created[self.index_of[new.req_id]].num_prompt_tokens
+            counts = tally.setdefault(self.tenant_of[new.req_id], {"prompt": 0, "decode": 0})
+            counts["prompt"] += prompt
+        for outs in result.values():
+            for o in outs.outputs:
+                counts = tally.setdefault(self.tenant_of[o.request_id], {"prompt": 0, "decode": 0})
+                counts["decode"] += len(o.new_token_ids)
 
 
 class ReplayQueue(RequestQueue):
@@ -345,4 +372,346 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
                 f"{r['vtc_code_us']:5.1f} us = {100 * r['vtc_code_share']:.2f}% of stock | "
                 f"VTC/replay {r['vtc_over_replay']:.3f} | VTC/stock {r['vtc_over_stock']:.3f} | "
                 f"replay/stock {r['replay_over_stock']:.3f}"
+            )
+
+
+# -- what the per-tenant metrics add to the step (issue 16, item 6) -------------------
+
+METRICS_TENANTS = (TENANTS, 1_000)
+METRICS_VARIANTS = ("off", "directory", "registry")
+# Measured rounds per trial (each round steps the three engines once): enough for
+# several refreshes a trial at VTC_METRICS_INTERVAL's default of one a second.
+METRICS_ROUNDS = int(os.environ.get("VTC_BENCH_METRICS_ROUNDS", 1_000))
+CHECK_ROUNDS = 10  # untimed steps between the two refreshes the series are checked over
+SMOKE_ROUNDS = 10  # warm-up and measured rounds under --benchmark-disable (make test-vllm)
+
+
+def metrics_engine(
+    config: Any, variant: str, tenants: int, directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> Engine:
+    """A VTCScheduler engine with the per-tenant metrics set as a vLLM deployment
+    sets them (docs/metrics.md): ``off``: ``VTC_METRICS=off``; ``directory``:
+    ``PROMETHEUS_MULTIPROC_DIR`` names an empty directory, so ``VTC_METRICS=auto``
+    turns them on (vLLM's API server serves that directory); ``registry``:
+    ``VTC_METRICS=on`` without a directory (the series stay in the engine
+    process's default registry). ``VTC_METRICS_INTERVAL`` is left as it is
+    (default: a refresh a second)."""
+    with monkeypatch.context() as env:
+        env.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        env.delenv("prometheus_multiproc_dir", raising=False)
+        env.setenv("VTC_METRICS", {"off": "off", "directory": "auto", "registry": "on"}[variant])
+        if variant == "directory":
+            env.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+        scheduler = make_scheduler(VTCScheduler, config, num_blocks=NUM_BLOCKS)
+    assert (scheduler.vtc_adapter.metrics is None) == (variant == "off")
+    return Engine(scheduler, tenants=tenants)
+
+
+class MetricsClock:
+    """A clock on one engine's TenantMetrics: per step, the time in its ``stepped``
+    point (the periodic refresh included), and each refresh's time. The wrappers
+    add two clock reads to a step (~0.5 us on the benchmark machine)."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+        self.refresh = metrics.refresh  # unclocked, for the checks
+        self.stepped_ns: list[int] = []
+        self.refresh_ns: list[int] = []
+        stepped, refresh, clock = metrics.stepped, metrics.refresh, time.perf_counter_ns
+
+        def clocked_stepped(adapter: Any) -> None:
+            t0 = clock()
+            stepped(adapter)
+            self.stepped_ns.append(clock() - t0)
+
+        def clocked_refresh(*args: Any, **kwargs: Any) -> None:
+            t0 = clock()
+            refresh(*args, **kwargs)
+            self.refresh_ns.append(clock() - t0)
+
+        metrics.stepped = clocked_stepped  # the adapter calls the instance's attribute
+        metrics.refresh = clocked_refresh
+
+
+class ForgetRecorder(Observer):
+    """The tenants the core forgot while it listens (their series restart)."""
+
+    def __init__(self) -> None:
+        self.tenants: set[str] = set()
+
+    def forgot(self, tenants: list[str]) -> None:
+        self.tenants.update(tenants)
+
+
+class MetricsSet:
+    """VTCScheduler with metrics off, into a fresh multiprocess directory, and into
+    the default registry: built fresh on the same seeded workload and stepped
+    alternately, the order rotating every round, so machine load hits all three
+    alike. Built in METRICS_VARIANTS order: the registry variant's families are
+    the default registry's when the checks read it (a later TenantMetrics on
+    another directory takes the registry's names over; the directory variant
+    keeps writing its files)."""
+
+    def __init__(
+        self, config: Any, tenants: int, directory: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self.tenants = tenants
+        self.directory = directory
+        self.engines = {
+            v: metrics_engine(config, v, tenants, directory, monkeypatch) for v in METRICS_VARIANTS
+        }
+        self.clocks = {
+            v: MetricsClock(e.s.vtc_adapter.metrics) for v, e in self.engines.items() if v != "off"
+        }
+        self.rounds = 0
+        self.start = time.perf_counter_ns()
+
+    def round(self) -> None:
+        k = self.rounds % len(METRICS_VARIANTS)
+        for variant in METRICS_VARIANTS[k:] + METRICS_VARIANTS[:k]:
+            self.engines[variant].step()
+        self.rounds += 1
+
+    def run(self, rounds: int) -> None:
+        for _ in range(rounds):
+            self.round()
+
+    def reset(self) -> None:
+        for engine in self.engines.values():
+            engine.scheduler_ns.clear()
+            engine.min_batch = MAX_NUM_SEQS
+        for clock in self.clocks.values():
+            clock.stepped_ns.clear()
+            clock.refresh_ns.clear()
+        self.start = time.perf_counter_ns()
+
+    def figures(self) -> dict[str, Any]:
+        """Per variant, the scheduler calls per step (median, mean), and for the two
+        with metrics: the difference and ratio to ``off``, and their own code."""
+        seconds = (time.perf_counter_ns() - self.start) / 1e9
+        med, mean = statistics.median, statistics.fmean
+        off = self.engines["off"].scheduler_ns
+        steps = len(off)
+        result: dict[str, Any] = {
+            "steps": steps,
+            "steps_per_s": steps / seconds,  # of one engine (three interleaved)
+            "off": {"median_us": med(off) / 1e3, "mean_us": mean(off) / 1e3},
+        }
+        for variant, clock in self.clocks.items():
+            ns = self.engines[variant].scheduler_ns
+            refresh = clock.refresh_ns
+            result[variant] = {
+                "median_us": med(ns) / 1e3,
+                "mean_us": mean(ns) / 1e3,
+                "median_diff_us": (med(ns) - med(off)) / 1e3,
+                "mean_diff_us": (mean(ns) - mean(off)) / 1e3,
+                "median_ratio": med(ns) / med(off),
+                "mean_ratio": mean(ns) / mean(off),
+                "metrics_code_median_us": med(clock.stepped_ns) / 1e3,
+                "metrics_code_mean_us": mean(clock.stepped_ns) / 1e3,
+                "refreshes": len(refresh),
+                "refresh_median_ms": med(refresh) / 1e6 if refresh else math.nan,
+                "refresh_mean_ms": mean(refresh) / 1e6 if refresh else math.nan,
+                "refresh_ns": list(refresh),
+                "stepped_ns_total": sum(clock.stepped_ns),
+            }
+        return result
+
+    def check(self) -> None:
+        """What the timing cannot show: metrics change no decision, and the series
+        say what vLLM computed (:func:`check_series`)."""
+        off = self.engines["off"]
+        for variant, engine in self.engines.items():
+            assert len(engine.scheduler_ns) == len(off.scheduler_ns)
+            assert engine.min_batch == MAX_NUM_SEQS  # a full batch every measured step
+            assert engine.admissions == off.admissions, variant  # the same decisions
+        for clock in self.clocks.values():
+            assert len(clock.stepped_ns) == len(off.scheduler_ns)  # stepped, never raised
+        check_series(self)
+
+
+def scrape(variant: str, directory: Path) -> dict[str, dict[tuple[str, ...], float]]:
+    """The vtc samples a scrape reads, by name, then by label values: from the
+    multiprocess directory through prometheus_client's collector (what vLLM's API
+    server serves), or from the process's default registry."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    if variant == "directory":
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(directory))
+    else:
+        registry = REGISTRY
+    samples: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name.startswith("vtc_"):
+                key = tuple(s.labels[k] for k in ("tenant", "kind", "state") if k in s.labels)
+                samples.setdefault(s.name, {})[key] = s.value
+    return samples
+
+
+def check_series(mset: MetricsSet) -> None:
+    """For each variant with metrics, over CHECK_ROUNDS more steps between two
+    refreshes (none in between: ``interval`` set to infinity for them), what a
+    scrape reads after the second one:
+
+    * tokens: each labelled tenant's ``prompt`` and ``decode`` series grew by
+      what vLLM computed for it (admitted prompts, generated tokens), counted by
+      the bench from vLLM's outputs; ``_other`` by the other tenants' (a tenant
+      that gains its label starts from 0, one the core forgot too);
+    * requests: each labelled tenant's waiting and running requests are vLLM's,
+      ``_other`` has the rest; active tenants, counters as the core has them;
+    * cardinality: min(tenants, VTC_METRICS_MAX_TENANTS) labelled; no preemption.
+    """
+    from vtc.metrics import OTHER
+
+    listening: dict[str, tuple[ForgetRecorder, dict[str, dict[tuple[str, ...], float]]]] = {}
+    for variant, clock in mset.clocks.items():
+        engine, metrics = mset.engines[variant], clock.metrics
+        metrics.interval = math.inf
+        recorder = ForgetRecorder()
+        engine.s.vtc_adapter.observers.append(recorder)
+        engine.tally = {}
+        clock.refresh(engine.s.vtc_adapter)
+        listening[variant] = (recorder, scrape(variant, mset.directory))
+    mset.run(CHECK_ROUNDS)
+    for variant, (recorder, before) in listening.items():
+        engine, metrics = mset.engines[variant], mset.clocks[variant].metrics
+        assert engine.tally  # the window charged something
+        metrics.refresh(engine.s.vtc_adapter)
+        after = scrape(variant, mset.directory)
+        if variant == "directory":
+            files = sorted(p.name for p in mset.directory.glob("*.db"))
+            assert files and all(name.endswith("-vtc.db") for name in files), files
+        tokens, requests = after["vtc_tenant_service_tokens_total"], after["vtc_tenant_requests"]
+        counters = after["vtc_tenant_counter"]
+        labelled = {key[0] for name in after.values() for key in name if key} - {OTHER}
+        core_counters = engine.s.tenant_counters()
+        assert len(labelled) == min(len(core_counters), metrics.max_tenants), variant
+        assert (OTHER in {key[0] for key in requests}) == (len(core_counters) > len(labelled))
+
+        was = before.get("vtc_tenant_service_tokens_total", {})
+        for kind in ("prompt", "decode"):
+            other = 0
+            for tenant, counts in engine.tally.items():
+                if tenant in labelled:
+                    start = 0.0 if tenant in recorder.tenants else was.get((tenant, kind), 0.0)
+                    got = tokens.get((tenant, kind), 0.0) - start
+                    assert got == counts[kind], (variant, tenant, kind, got, counts[kind])
+                else:
+                    other += counts[kind]
+            got = tokens.get((OTHER, kind), 0.0) - was.get((OTHER, kind), 0.0)
+            assert got == other, (variant, kind, got, other)
+            for (tenant, k), value in tokens.items():  # tenants vLLM computed nothing for
+                if k == kind and tenant not in engine.tally and tenant != OTHER:
+                    assert value == (0.0 if tenant in recorder.tenants else was[(tenant, k)])
+
+        running = {r.request_id for r in engine.s.running}
+        want: dict[tuple[str, str], int] = {}
+        for request_id in engine.s.requests:
+            key = (engine.tenant_of[request_id], "running" if request_id in running else "waiting")
+            want[key] = want.get(key, 0) + 1
+        for state in ("waiting", "running"):
+            for tenant in labelled:  # (an idle tenant may have no requests series yet)
+                got = requests.get((tenant, state), 0.0)
+                assert got == want.get((tenant, state), 0), (variant, tenant, state)
+            rest = sum(n for (t, s), n in want.items() if s == state and t not in labelled)
+            assert requests.get((OTHER, state), 0.0) == rest, (variant, state)
+        assert after["vtc_tenants_active"][()] == len({t for t, _ in want})
+        assert {t: counters[(t,)] for t in labelled} == {t: core_counters[t] for t in labelled}
+        assert not any(after.get("vtc_tenant_preemptions_total", {}).values())
+        engine.s.vtc_adapter.observers.remove(recorder)
+
+
+@pytest.mark.parametrize("tenants", METRICS_TENANTS)
+def test_metrics_overhead(
+    benchmark: Any,
+    config: Any,
+    tenants: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """What the per-tenant metrics (docs/metrics.md) add to vLLM's step, at the
+    file's tenant count and at 1,000 (issue 16's target: under 10 us a step):
+    VTCScheduler without metrics, with them in a fresh multiprocess directory
+    (how vLLM's API server shows them) and with them in the default registry
+    (``VTC_METRICS=on`` without the directory), interleaved (MetricsSet), over
+    TRIALS fresh sets. The periodic refresh runs at its real rate
+    (``VTC_METRICS_INTERVAL``, wall clock), so the means include it, at this
+    benchmark's step rate (``steps_per_s``); medians are steps without one.
+    Under --benchmark-disable: one short set, and the checks of MetricsSet.check."""
+    smoke = benchmark.disabled
+    warmup = SMOKE_ROUNDS if smoke else WARMUP
+    rounds = SMOKE_ROUNDS if smoke else METRICS_ROUNDS
+    trials: list[dict[str, Any]] = []
+    for t in range(1 if smoke else TRIALS):
+        directory = tmp_path / f"prometheus-{t}"  # fresh for each start, as docs/metrics.md says
+        directory.mkdir()
+        mset = MetricsSet(config, tenants, directory, monkeypatch)
+        mset.run(warmup)
+        mset.reset()
+        if t == 0:
+            benchmark.group = f"vllm scheduler step, metrics off/on interleaved, {tenants} tenants"
+            benchmark.pedantic(mset.round, rounds=rounds, iterations=1)
+            if smoke:  # pedantic ran one round
+                mset.run(rounds - 1)
+        else:
+            mset.run(rounds)
+        trials.append(mset.figures())
+        mset.check()
+        del mset
+
+    summary: dict[str, Any] = {
+        "tenants": tenants,
+        "trials": len(trials),
+        "steps_per_s": statistics.fmean(r["steps_per_s"] for r in trials),
+        "interval_s": float(os.environ.get("VTC_METRICS_INTERVAL", 1.0)),
+    }
+    for variant in METRICS_VARIANTS[1:]:
+        rows = [r[variant] for r in trials]
+        refresh = [ns for r in rows for ns in r["refresh_ns"]]
+        steps = sum(r["steps"] for r in trials)
+        summary[variant] = {
+            "median_diff_us": [r["median_diff_us"] for r in rows],
+            "mean_diff_us": [r["mean_diff_us"] for r in rows],
+            "median_ratio": statistics.geometric_mean(r["median_ratio"] for r in rows),
+            "mean_ratio": statistics.geometric_mean(r["mean_ratio"] for r in rows),
+            # the metrics' own code per step, every step of every trial (refreshes included)
+            "metrics_code_us": sum(r["stepped_ns_total"] for r in rows) / steps / 1e3,
+            "refreshes": len(refresh),
+            "refresh_ms": {
+                "median": statistics.median(refresh) / 1e6 if refresh else math.nan,
+                "mean": statistics.fmean(refresh) / 1e6 if refresh else math.nan,
+                "max": max(refresh) / 1e6 if refresh else math.nan,
+            },
+        }
+    for r in trials:
+        for variant in METRICS_VARIANTS[1:]:
+            del r[variant]["refresh_ns"]
+    benchmark.extra_info.update(trials=trials, summary=summary)
+    with capsys.disabled():
+        print(
+            f"\nmetrics, {tenants} tenants, {len(trials)} set(s) of three interleaved engines, "
+            f"{summary['steps_per_s']:.0f} steps/s each; scheduler calls per step:"
+        )
+        for i, r in enumerate(trials):
+            off = r["off"]
+            line = f"  set {i}: off {off['median_us']:6.0f} / {off['mean_us']:6.0f} us"
+            for variant in METRICS_VARIANTS[1:]:
+                v = r[variant]
+                line += (
+                    f" | {variant} {v['median_diff_us']:+6.1f} / {v['mean_diff_us']:+6.1f} us "
+                    f"({v['median_ratio']:.3f} / {v['mean_ratio']:.3f}), own code "
+                    f"{v['metrics_code_mean_us']:5.1f} us, {v['refreshes']} refreshes "
+                    f"{v['refresh_median_ms']:.2f} ms"
+                )
+            print(line + "  (median / mean)")
+        for variant in METRICS_VARIANTS[1:]:
+            v = summary[variant]
+            print(
+                f"  {variant}: ratio {v['median_ratio']:.3f} / {v['mean_ratio']:.3f} (geo-mean), "
+                f"own code {v['metrics_code_us']:.1f} us per step, refresh "
+                f"{v['refresh_ms']['median']:.2f} ms median, {v['refresh_ms']['max']:.2f} max"
             )
