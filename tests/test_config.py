@@ -44,6 +44,7 @@ def test_every_variable_is_read(tmp_path: Path):
         "VTC_METRICS": " ON ",
         "VTC_METRICS_MAX_TENANTS": "12",
         "VTC_METRICS_INTERVAL": "0.5",
+        "VTC_LOCALITY_QUANTUM": " 4096.5 ",
     }
     assert set(env) == set(C.VARIABLES)
     cfg = EngineConfig.from_env(env)
@@ -57,6 +58,7 @@ def test_every_variable_is_read(tmp_path: Path):
     assert (cfg.log_interval, cfg.trace_interval) == (0.0, 0.25)
     assert cfg.trace_file == str(tmp_path / "trace.jsonl")
     assert (cfg.metrics, cfg.metrics_max_tenants, cfg.metrics_interval) == ("on", 12, 0.5)
+    assert cfg.locality_quantum == 4096.5
 
 
 @pytest.mark.parametrize(
@@ -113,6 +115,15 @@ BAD = [
     ({"VTC_PRIORITY_WEIGHTS": "0=nan"}, "weight of priority 0 is 'nan'"),
     ({"VTC_PRIORITY_WEIGHTS": "0=1e-300"}, "weight of priority 0 is '1e-300'"),
     ({"VTC_PRIORITY_WEIGHTS": f"{2**63}=2"}, f"priority {2**63} does not fit in 64 bits"),
+    (
+        {"VTC_LOCALITY_QUANTUM": "-1"},
+        "VTC_LOCALITY_QUANTUM='-1' is out of range; expected a finite number >= 0",
+    ),
+    ({"VTC_LOCALITY_QUANTUM": "nan"}, "VTC_LOCALITY_QUANTUM='nan' is out of range"),
+    ({"VTC_LOCALITY_QUANTUM": "inf"}, "VTC_LOCALITY_QUANTUM='inf' is out of range"),
+    ({"VTC_LOCALITY_QUANTUM": "-inf"}, "VTC_LOCALITY_QUANTUM='-inf' is out of range"),
+    ({"VTC_LOCALITY_QUANTUM": "abc"}, "VTC_LOCALITY_QUANTUM='abc' is not a number"),
+    ({"VTC_LOCALITY_QUANTUM": "1e400"}, "VTC_LOCALITY_QUANTUM='1e400' is out of range"),
 ]
 
 
@@ -380,3 +391,15 @@ def test_priority_weights_unset_or_empty_are_strict_bands():
     assert EngineConfig.from_env({}).priority_weights is None
     assert C.parse_priority_weights(" , ,") is None
     assert C.parse_priority_weights("+2=3,-1=1") == {2: 3.0, -1: 1.0}
+
+
+@pytest.mark.parametrize(("text", "q"), [("0", 0.0), ("0.0", 0.0), ("256", 256.0), ("1e5", 1e5)])
+def test_locality_quantum_values(text, q):
+    """VTC_LOCALITY_QUANTUM: weighted tokens, a finite number >= 0; unset is 0 (plain
+    VTC), and the core accepts every value the parser does."""
+    assert EngineConfig.from_env({}).locality_quantum == 0.0
+    cfg = EngineConfig.from_env({"VTC_LOCALITY_QUANTUM": text})
+    assert cfg.locality_quantum == q
+    from vtc import Scheduler
+
+    assert Scheduler(1, locality_quantum=cfg.locality_quantum).locality_quantum == q

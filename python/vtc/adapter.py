@@ -11,6 +11,8 @@ the shared work here step by step):
   preempt, release), and charges a step's tokens in one core call, with the
   per-request fallback for the rare step one call cannot take;
 * :class:`TenantTrace` writes what each tenant got (``VTC_TRACE_FILE``);
+* :class:`PrefixLookup` answers the core's prefix lookup for the locality
+  window (``VTC_LOCALITY_QUANTUM``) from the engine's prefix cache;
 * :class:`Adapter` holds one engine's core with the three above, and the
   periodic log line; each shell drives one.
 
@@ -30,7 +32,8 @@ import math
 import operator
 import os
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +49,9 @@ __all__ = [
     "Adapter",
     "FORGET_EVERY",
     "LOG_TENANTS",
+    "LOOKUP_LOG_EVERY",
     "Observer",
+    "PrefixLookup",
     "RUNNING",
     "WAITING",
     "Requests",
@@ -54,6 +59,7 @@ __all__ = [
     "TenantTally",
     "TenantTrace",
     "Tracked",
+    "engine_core",
     "format_counters",
 ]
 
@@ -61,6 +67,16 @@ FORGET_EVERY = 4096
 """Arrivals between two ``forget_idle()`` sweeps (each O(tenants))."""
 
 _log = logging.getLogger("vtc")
+
+
+def engine_core(config: EngineConfig, M: int) -> Scheduler:
+    """The core an engine shell drives: KV budget ``M``, the configured prices,
+    the ``vtc`` policy and the locality window ``config.locality_quantum``
+    (``VTC_LOCALITY_QUANTUM``; 0 is plain VTC, and so is any quantum until the
+    shell installs a lookup with :meth:`Adapter.set_prefix_lookup`)."""
+    return Scheduler(
+        M=M, wp=config.wp, wq=config.wq, policy="vtc", locality_quantum=config.locality_quantum
+    )
 
 
 class Tenancy:
@@ -263,6 +279,10 @@ class Requests:
     def at(self, rid: int) -> Tracked:
         """The record of the request with this core id (KeyError if none)."""
         return self._by_rid[rid]
+
+    def find(self, rid: int) -> Tracked | None:
+        """The record of the request with this core id, or None."""
+        return self._by_rid.get(rid)
 
     def head(self) -> Tracked | None:
         """The request the core admits next (None if none waits)."""
@@ -648,6 +668,93 @@ class TenantTally:
         return counts
 
 
+LOOKUP_LOG_EVERY = 60.0
+"""Seconds between two log lines of a failing prefix-cache lookup."""
+
+
+class PrefixLookup:
+    """The core's prefix lookup (``Scheduler.set_prefix_lookup``) for the locality
+    window (``VTC_LOCALITY_QUANTUM``, docs/locality.md), over the engine's answer
+    for one request.
+
+    ``cached(request)`` is the engine shell's: how many leading tokens of that
+    waiting request (the engine's own object) its prefix cache holds now. The core
+    asks by core id; this maps the id back to the request and keeps the answer in
+    the core's contract: an ``int`` in ``[0, prompt]`` (the prompt as submitted;
+    a larger answer is cut to it), 0 for an id it does not track. It never
+    raises: an answer that is not an integer, or an exception from ``cached``,
+    counts as 0 (nothing cached) and is logged with its traceback, at most once
+    every :data:`LOOKUP_LOG_EVERY` seconds (:attr:`failures` counts them all), so
+    a broken cache lookup costs locality, never scheduling.
+
+    Within :meth:`frozen` (one engine scheduling pass) each request is asked
+    once and later selections get the same answer, so a ``peek`` and the
+    ``pop`` after it name the same request even if the engine's cache changes
+    in between (an admission may evict).
+    """
+
+    def __init__(
+        self,
+        requests: Requests,
+        cached: Callable[[Any], int],
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.requests = requests
+        self.cached = cached
+        self._log = log or _log
+        self._memo: dict[int, int] | None = None
+        self._clock = time.monotonic
+        self._next_log = -math.inf
+        #: times ``cached`` was asked, and how many of those failed
+        self.calls = 0
+        self.failures = 0
+
+    def __call__(self, rid: int) -> int:
+        memo = self._memo
+        if memo is not None:
+            hit = memo.get(rid)
+            if hit is not None:
+                return hit
+        t = self.requests.find(rid)
+        hit = 0 if t is None else self._ask(t)
+        if memo is not None:
+            memo[rid] = hit
+        return hit
+
+    def _ask(self, t: Tracked) -> int:
+        self.calls += 1
+        try:
+            answer = self.cached(t.request)
+            if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+                raise TypeError(f"the prefix-cache lookup returned {answer!r}, not an int")
+            hit = int(answer)
+        except Exception:
+            self.failures += 1
+            now = self._clock()
+            if now >= self._next_log:
+                self._next_log = now + LOOKUP_LOG_EVERY
+                self._log.exception(
+                    "VTC: the engine's prefix-cache lookup failed (%d failures so far); the "
+                    "request counts as uncached",
+                    self.failures,
+                )
+            return 0
+        return min(max(hit, 0), t.prompt_len)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """One scheduling pass: each request's answer is asked once and kept until
+        the outermost ``frozen`` ends."""
+        outer = self._memo is not None
+        if not outer:
+            self._memo = {}
+        try:
+            yield
+        finally:
+            if not outer:
+                self._memo = None
+
+
 LOG_TENANTS = 20
 """Tenants named in one log line (the most served); the others are counted."""
 
@@ -727,12 +834,45 @@ class Adapter:
         #: the shared counters (:class:`vtc.sharing.SharedCounterSync`) once started
         self.sharing: Any = None
         self.sharing_decided = False
+        #: the locality window's lookup (:meth:`set_prefix_lookup`), or None
+        self.prefix_lookup: PrefixLookup | None = None
+        self._lookup_source = ""
 
     @property
     def config(self) -> EngineConfig:
         """The configuration in force: :class:`Tenancy`'s, which a weights reload
         replaces (one copy, so nothing can read stale weights)."""
         return self.tenancy.config
+
+    def set_prefix_lookup(
+        self, cached: Callable[[Any], int] | None, source: str = "the engine's prefix cache"
+    ) -> PrefixLookup | None:
+        """Feed the locality window (``VTC_LOCALITY_QUANTUM``): ``cached(request)``
+        says how many leading tokens of a waiting request (the engine's object) the
+        engine holds cached now (:class:`PrefixLookup` keeps it within the core's
+        contract and never lets it raise). Installed on the core only with a
+        quantum above 0 (at 0 the core never asks, and nothing is installed);
+        ``None`` removes it (plain VTC). ``source`` names it in :meth:`describe`.
+        Returns the installed lookup, or None."""
+        if cached is None or self.config.locality_quantum <= 0.0:
+            self.core.set_prefix_lookup(None)
+            self.prefix_lookup = None
+            return None
+        lookup = PrefixLookup(self.requests, cached, self._log)
+        self.core.set_prefix_lookup(lookup)
+        self.prefix_lookup, self._lookup_source = lookup, source
+        return lookup
+
+    @contextmanager
+    def selecting(self) -> Iterator[None]:
+        """An engine scheduling pass (its peeks and pops): the prefix lookup, if
+        any, answers each request once within it (:meth:`PrefixLookup.frozen`)."""
+        lookup = self.prefix_lookup
+        if lookup is None:
+            yield
+            return
+        with lookup.frozen():
+            yield
 
     def set_priority_order(self, order: int | None) -> None:
         """How the engine orders request priorities: 1 (smaller values first), -1
@@ -900,6 +1040,12 @@ class Adapter:
             f"M={self.core.M if budget is None else budget} tokens, wp={c.wp:g}, wq={c.wq:g}, "
             f"tenant key {c.tenant_key!r}, weights {dict(c.weights) or 'all 1'}"
         )
+        if c.locality_quantum > 0.0:
+            line += f"; locality window Q={c.locality_quantum:g} weighted tokens " + (
+                f"over {self._lookup_source}"
+                if self.prefix_lookup is not None
+                else "unused (no prefix-cache lookup: plain VTC)"
+            )
         if self.sharing is not None:
             line += "; " + self.sharing.describe()
         return line

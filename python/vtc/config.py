@@ -33,6 +33,10 @@ variable               meaning (default)
 ``VTC_METRICS_MAX_TENANTS`` tenants with their own ``tenant`` label, the rest
                        summed as ``_other`` (100)
 ``VTC_METRICS_INTERVAL`` seconds between refreshes of the series (1)
+``VTC_LOCALITY_QUANTUM`` the locality window ``Q`` in weighted tokens, a finite
+                       number >= 0: a tenant within ``Q`` of the least served may
+                       go first if the engine holds more of its next request's
+                       prompt cached (docs/locality.md); 0 is plain VTC (0)
 =====================  ==========================================================
 
 Weights are checked by the core's own rule (a finite number in [1e-6, 1e6]).
@@ -124,6 +128,7 @@ VARIABLES = (
     "VTC_METRICS",
     "VTC_METRICS_MAX_TENANTS",
     "VTC_METRICS_INTERVAL",
+    "VTC_LOCALITY_QUANTUM",
 )
 
 #: Every variable :func:`shared_counter_settings` reads (:mod:`vtc.distributed`).
@@ -418,6 +423,8 @@ class EngineConfig:
     metrics: str = "auto"  # "auto" | "on" | "off"
     metrics_max_tenants: int = 100
     metrics_interval: float = 1.0
+    #: ``VTC_LOCALITY_QUANTUM``: the core's ``locality_quantum`` (0: plain VTC)
+    locality_quantum: float = 0.0
     #: shared counters across replicas (:func:`shared_counter_settings`; None: one
     #: replica, no Redis); the adapter starts them (:mod:`vtc.sharing`)
     shared: SharedCounterSettings | None = None
@@ -425,6 +432,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.metrics not in ("auto", "on", "off"):
             raise ConfigError(f"metrics={self.metrics!r}; expected 'auto', 'on' or 'off'")
+        q = self.locality_quantum
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q < math.inf:
+            raise ConfigError(f"locality_quantum={q!r}; expected a finite number >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EngineConfig:
@@ -459,6 +469,7 @@ class EngineConfig:
             metrics=_metrics_mode(env),
             metrics_max_tenants=_count(env, "VTC_METRICS_MAX_TENANTS", 100),
             metrics_interval=_number(env, "VTC_METRICS_INTERVAL", 1.0),
+            locality_quantum=_number(env, "VTC_LOCALITY_QUANTUM", 0.0),
             shared=shared_counter_settings(env),
         )
 

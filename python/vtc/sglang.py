@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vtc import MAX_BUDGET, Scheduler
-from vtc.adapter import Adapter
+from vtc.adapter import Adapter, engine_core
 from vtc.config import (
     DEFAULT_TENANT,
     DEFAULT_TENANT_KEY,
@@ -76,7 +76,9 @@ class VtcState:
     def __init__(self, config: EngineConfig | None = None, **fields: Any) -> None:
         """``config``, or an :class:`vtc.config.EngineConfig` of ``fields``."""
         self.config = config = EngineConfig(**fields) if config is None else config
-        self.core = Scheduler(M=ENGINE_M, wp=config.wp, wq=config.wq, policy="vtc")
+        # VTC_LOCALITY_QUANTUM: the window is fed by the radix cache once SGLang
+        # schedules (start: install_prefix_lookup)
+        self.core: Scheduler = engine_core(config, ENGINE_M)
         self.tenant_key = config.tenant_key
         self.adapter = Adapter(self.core, config, log=logger)  # sets the weights
         self.tenancy = self.adapter.tenancy
@@ -161,12 +163,45 @@ class VtcState:
         )
         self.adapter.start_sharing(ranks=ranks, suffix=data_parallel_suffix(scheduler))
         self.read_priority_order(scheduler)
+        self.install_prefix_lookup(scheduler)
         priorities = self.adapter.describe_priorities(self.priority_order)
         logger.info(
             "vtc: VTC fair scheduling orders this scheduler's waiting queue: %s%s",
             self.adapter.describe(budget=budget),
             f"; {priorities}" if priorities else "",
         )
+
+    def install_prefix_lookup(self, scheduler: Any) -> bool:
+        """``VTC_LOCALITY_QUANTUM`` > 0: feed the core's locality window from
+        ``scheduler.tree_cache`` (:func:`cached_prefix`, the match SGLang's ``lpm``
+        policy computes). Not installed, and logged, when SGLang's radix cache is
+        off (``--disable-radix-cache``: nothing is ever cached, so the window would
+        only reorder on zeros) or this SGLang lacks the calls :func:`cached_prefix`
+        makes: the core then schedules plain VTC. Whether it was installed."""
+        q = self.config.locality_quantum
+        if q <= 0.0:
+            return False
+        tree_cache = getattr(scheduler, "tree_cache", None)
+        why = None
+        if tree_cache is None or getattr(tree_cache, "disable", False):
+            why = "SGLang's radix cache is disabled (--disable-radix-cache)"
+        else:
+            try:
+                _prefix_match_calls()
+            except ImportError as e:
+                why = f"this SGLang lacks the prefix-match calls vtc uses ({e})"
+        if why is not None:
+            logger.warning(
+                "vtc: VTC_LOCALITY_QUANTUM=%g is unused: %s; VTC orders by counter alone", q, why
+            )
+            self.adapter.set_prefix_lookup(None)
+            return False
+
+        def cached(req: _Req) -> int:
+            return cached_prefix(scheduler.tree_cache, req)
+
+        self.adapter.set_prefix_lookup(cached, source="SGLang's radix cache")
+        return True
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""
@@ -254,6 +289,45 @@ class VtcState:
             self.drop(req)
 
 
+def _prefix_match_calls() -> tuple[Any, Any, Any]:
+    """SGLang's calls :func:`cached_prefix` makes (ImportError on an SGLang
+    without them)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    return envs, MatchPrefixParams, _req_radix_key
+
+
+def cached_prefix(tree_cache: Any, req: _Req) -> int:
+    """How many leading tokens of the waiting ``req`` SGLang's prefix cache holds
+    now: the match its ``lpm`` policy sorts by (``match_kv_cache`` in
+    ``schedule_policy.calc_priority``: ``num_matched_prefix_tokens``, the device
+    hit plus a host hit, up to the longest prefix SGLang would reuse, which
+    leaves at least the last token to compute), on the same key (token ids, extra
+    key, cache salt, SWA re-prefill tail) as ``Req.init_next_round_input``.
+
+    Without ``match_kv_cache``'s side effects: ``req`` is not touched (its
+    ``prefix_len``, ``last_node`` and the rest are SGLang's to set when it admits),
+    no node is locked, nothing is allocated, inserted, loaded or copied (no
+    ``req`` and no mamba copy-on-write in the match). As in every SGLang match,
+    the matched path's access time is refreshed (as ``lpm``'s match and SGLang's
+    waiting-prefix refresh do for waiting requests), and a path ending inside a
+    node splits it. A disabled cache answers 0."""
+    if tree_cache is None or getattr(tree_cache, "disable", False):
+        return 0
+    if getattr(req, "positional_embed_overrides", None) is not None:
+        return 0  # SGLang matches nothing for these (init_next_round_input)
+    envs, MatchPrefixParams, _req_radix_key = _prefix_match_calls()
+    if envs.SGLANG_RADIX_FORCE_MISS.get():
+        return 0
+    token_ids = req.origin_input_ids + req.output_ids
+    max_len = req._compute_max_prefix_len(len(token_ids))
+    key = _req_radix_key(tree_cache, req, token_ids, max_len)
+    result = tree_cache.match_prefix(MatchPrefixParams(key=key))
+    return max(0, min(int(result.device_prefix_len) + int(result.host_hit_length), max_len))
+
+
 _STATE: VtcState | None = None
 
 
@@ -338,7 +412,8 @@ def _hook_get_new_batch_prefill_raw(
         _guarded("sync", lambda: state.sync_waiting(scheduler.waiting_queue))
     state.in_pass, state.queue = True, None
     try:
-        return original(scheduler, *args, **kwargs)
+        with state.adapter.selecting():  # a prefix hit is asked once per pass
+            return original(scheduler, *args, **kwargs)
     finally:
         state.in_pass, state.queue = False, None
 

@@ -57,6 +57,7 @@ def test_load_plugins_honours_the_allow_list(tmp_path: Path, allow: str, expecte
         ("VTC_WP", "abc", "VTC_WP='abc' is not a number"),
         ("VTC_WEIGHTS", "gold=2;free=1", "VTC_WEIGHTS entry 'gold=2;free=1'"),
         ("VTC_SYNC_INTERVAL", "0", "VTC_SYNC_INTERVAL='0' is out of range"),
+        ("VTC_LOCALITY_QUANTUM", "-1", "VTC_LOCALITY_QUANTUM='-1' is out of range"),
     ],
 )
 def test_a_malformed_variable_stops_sglang_in_load_plugins(
