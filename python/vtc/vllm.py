@@ -31,7 +31,15 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
-from vtc.adapter import WAITING, Adapter, Requests, TenantTally, TenantTrace, Tracked
+from vtc.adapter import (
+    WAITING,
+    Adapter,
+    Requests,
+    TenantTally,
+    TenantTrace,
+    Tracked,
+    engine_core,
+)
 from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
@@ -278,8 +286,9 @@ class _VTCMixin:
         super().__init__(*args, **kwargs)
         self.vtc_config = config = VTCConfig.from_env()
         capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
-        self.vtc = vtc.Scheduler(M=capacity, wp=config.wp, wq=config.wq, policy="vtc")
+        self.vtc = engine_core(config, capacity)  # with VTC_LOCALITY_QUANTUM's window
         self.vtc_adapter = Adapter(self.vtc, config, log=logger)
+        self._install_prefix_lookup()
         self.vtc_tenancy = self.vtc_adapter.tenancy  # the tenant rule, weights, forgetting
         # vLLM's API server shows this process's series if both share the directory
         served = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -300,13 +309,39 @@ class _VTCMixin:
             mode += "; " + priorities
         logger.info("VTC fair scheduling (%s scheduler): %s", mode, self.vtc_adapter.describe())
 
+    def _install_prefix_lookup(self) -> bool:
+        """``VTC_LOCALITY_QUANTUM`` > 0: feed the core's locality window from vLLM's
+        prefix cache (:func:`cached_prompt_tokens`, the hit vLLM admits with). Not
+        installed, and logged, with prefix caching off (nothing is ever cached, so
+        the window would only reorder on zeros): the core then schedules plain
+        VTC. Whether it was installed."""
+        q = self.vtc_config.locality_quantum
+        if q <= 0.0:
+            return False
+        if not getattr(self.cache_config, "enable_prefix_caching", False):
+            logger.warning(
+                "VTC_LOCALITY_QUANTUM=%g is unused: vLLM's prefix caching is off "
+                "(--no-enable-prefix-caching); VTC orders by counter alone",
+                q,
+            )
+            self.vtc_adapter.set_prefix_lookup(None)
+            return False
+
+        def cached(request: Request) -> int:
+            return cached_prompt_tokens(self.kv_cache_manager, request)
+
+        self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache")
+        return True
+
     def _vtc_tenant(self, request: Request) -> str:
         """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
         return self.vtc_tenancy.arrive(tenant_fields(request, self.vtc_config.tenant_key))
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's step, then settle the step's last provisional pop."""
-        output = super().schedule(*args, **kwargs)
+        """vLLM's step (one locality pass: each waiting request's prefix hit is
+        asked once), then settle the step's last provisional pop."""
+        with self.vtc_adapter.selecting():
+            output = super().schedule(*args, **kwargs)
         self.waiting.settle(output.num_scheduled_tokens)
         return output
 
