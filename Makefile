@@ -74,6 +74,7 @@ test-vllm: system-deps $(VLLM_VENV)/bin/python
 	bash scripts/install-vllm.sh $(VLLM_VENV)/bin/python
 	$(VLLM_VENV)/bin/pip install -q '.[test]'
 	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm/test_vllm_scheduler.py tests/vllm/test_vllm_locality.py tests/vllm/test_vllm_startup.py \
+		tests/vllm/test_vllm_server_locality.py \
 		tests/vllm/test_vllm_e2e.py tests/vllm/test_vllm_dp.py tests/vllm/test_vllm_priority_e2e.py \
 		tests/vllm/test_vllm_replicas.py
 	$(VLLM_VENV)/bin/python -m pytest -q bench/test_vllm_overhead.py --benchmark-disable
