@@ -5,12 +5,14 @@ scheduler (see vllm_harness.py)."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import pytest
-from vllm_harness import make_request, make_scheduler, step, vllm_config
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm_harness import make_request, make_scheduler, model_output, step, vllm_config
 
 import vtc.vllm as vv
-from vtc.vllm import VTCScheduler
+from vtc.vllm import AsyncVTCScheduler, VTCScheduler
 
 WP, WQ = 1.0, 2.0
 PREFIX = [11 + (7 * j) % 400 for j in range(80)]  # tenant b's prompt: 5 full blocks
@@ -148,3 +150,54 @@ def test_counters_stay_within_the_window_bound(model_dir: str, monkeypatch, q) -
         assert max(gaps) > cost, gaps  # b served ahead of its turn: the window at work
     services = s.tenant_services()
     assert services["b"] == 10 * (WP * (80 - 64) + WQ * 2)  # every b request hit 64
+
+
+def run_async(s, until_idle: bool = True, schedules: int = 2000) -> list[str]:
+    """vLLM's async loop (schedule step N+1 before step N's output arrives) for at
+    most ``schedules`` schedule() calls, or until idle; the ids admitted, in order."""
+    in_flight: deque = deque()
+    admitted = []
+    for _ in range(schedules):
+        if until_idle and not in_flight and not s.has_requests():
+            break
+        output = s.schedule()
+        admitted += [r.req_id for r in output.scheduled_new_reqs]
+        if output.num_scheduled_tokens:
+            in_flight.append((output, model_output(s, output)))
+        if len(in_flight) == 2 or (in_flight and not output.num_scheduled_tokens):
+            done, result = in_flight.popleft()
+            s.update_from_output(done, result)
+    while in_flight:
+        done, result = in_flight.popleft()
+        s.update_from_output(done, result)
+    return admitted
+
+
+@pytest.mark.parametrize("q", [0.0, 100.0])
+def test_the_async_scheduler_feeds_the_window_too(model_dir: str, monkeypatch, q) -> None:
+    """AsyncVTCScheduler (vLLM's async scheduling) builds the same core and lookup:
+    the same choice as the synchronous one, charged what vLLM computed."""
+    monkeypatch.setenv("VTC_LOCALITY_QUANTUM", str(q))
+    config = vllm_config(
+        model_dir, max_num_seqs=3, enable_prefix_caching=True, async_scheduling=True
+    )
+    s = make_scheduler(AsyncVTCScheduler, config)
+    assert isinstance(s, AsyncScheduler)
+    s.add_request(make_request("w", prompt=PREFIX, max_tokens=1))
+    run_async(s)
+    a0 = make_request("a", prompt_len=8, max_tokens=100)
+    b0 = make_request("b", prompt_len=16, max_tokens=100)
+    a1 = make_request("a", prompt_len=80, max_tokens=4)
+    b1 = make_request("b", prompt=PREFIX, max_tokens=4)
+    s.add_request(a0)
+    s.add_request(b0)
+    assert run_async(s, until_idle=False, schedules=1) == [a0.request_id, b0.request_id]
+    s.add_request(a1)
+    s.add_request(b1)
+    first = run_async(s, until_idle=False, schedules=1)
+    assert first == ([b1.request_id] if q > 0 else [a1.request_id])
+    run_async(s)
+    assert not s.has_requests() and s.vtc.num_waiting == 0 and s.vtc.occupancy == 0
+    services = s.tenant_services()
+    assert services["b"] == WP * 16 + WQ * 100 + WP * (80 - 64) + WQ * 4
+    assert services["a"] == WP * 8 + WQ * 100 + WP * 80 + WQ * 4
