@@ -1,4 +1,4 @@
-"""Simulation throughput: decode steps per second for the design note's setup
+"""Simulation throughput: decode steps per second for the simulator's default setup
 (M = 8192, wp = 1, wq = 2, two overloaded clients, prompts U[64, 512],
 outputs U[32, 384]), the same tiny engine loop driving ``vtc.Scheduler`` and
 the pure-Python ``vtc.reference.Scheduler``.

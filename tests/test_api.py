@@ -98,7 +98,7 @@ def test_weights_divide_every_charge():
 
 
 def test_idle_client_does_not_monopolize_after_returning():
-    """The design note's second experiment, in miniature.
+    """The ``returning`` experiment (docs/simulation.md, table 2), in miniature.
 
     a and b are both overloaded; a goes quiet for a long time and comes back.
     Under VTC a is placed at the floor of the active clients and then shares

@@ -281,7 +281,7 @@ def test_shares_latency_and_bound():
     assert metrics.bound_u(1.0, 0.001, 8192, 512) == 512
 
 
-# -- the design note's shapes ----------------------------------------------------
+# -- the shapes of docs/simulation.md's tables -----------------------------------
 
 
 def test_drift_vtc_bounded_fcfs_unbounded():

@@ -13,7 +13,7 @@ Modules: :mod:`~vtc.sim.workloads` (seeded generators and trace replay),
 :mod:`~vtc.sim.replicas` (replicas of that engine, counters shared through
 :mod:`vtc.distributed` or not),
 :mod:`~vtc.sim.metrics` (drift, service difference, throughput, shares,
-latency), :mod:`~vtc.sim.experiments` (the design note's tables) and the
+latency), :mod:`~vtc.sim.experiments` (the tables of ``docs/simulation.md``) and the
 ``python -m vtc.sim`` command line.
 """
 

@@ -1,8 +1,8 @@
-"""The experiments of the design note and the VTC paper, one function each.
+"""The experiments of ``docs/simulation.md`` and the VTC paper, one function each.
 
 Every experiment takes :class:`Options` and returns a
 :class:`~vtc.sim.report.Report` (tables plus the runs worth plotting).  The
-design note's setup is the default: ``M = 8192``, ``w_p = 1``, ``w_q = 2``,
+default setup: ``M = 8192``, ``w_p = 1``, ``w_q = 2``,
 prompts ``U[64, 512]``, outputs ``U[32, 384]``, an RPM "minute" of 2000 steps.
 """
 

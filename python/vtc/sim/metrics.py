@@ -47,7 +47,7 @@ def max_drift(result: SimResult, f: Client, g: Client, end: int | None = None) -
 
     ``t1`` is the start of a maximal run of steps during which both ``f`` and
     ``g`` had requests waiting, ``t`` any step of that run.  For two clients
-    that are backlogged from the start this is the design note's
+    that are backlogged from the start this is
     ``max_t |W_f(0, t) - W_g(0, t)|``.  Only steps before ``end`` (default: the
     whole run) count; 0 if the two are never backlogged together.
     """

@@ -8,8 +8,9 @@ requests of another, and the same seed always gives the same workload.
 
 The building block is :class:`ClientSpec` (one client's arrival process and
 length distribution over a span of steps) turned into requests by
-:func:`generate`; the functions below it build the workloads of the design
-note and of the VTC paper from specs.  :func:`load_trace` replays a CSV trace.
+:func:`generate`; the functions below it build the workloads of
+``docs/simulation.md`` and of the VTC paper from specs.  :func:`load_trace`
+replays a CSV trace.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Union
 Client = Union[int, str]
 Range = tuple[int, int]  # inclusive [lo, hi]; (n, n) is a fixed length
 
-PROMPT: Range = (64, 512)  # the design note's prompt lengths
-OUTPUT: Range = (32, 384)  # the design note's output lengths
+PROMPT: Range = (64, 512)  # the default prompt lengths
+OUTPUT: Range = (32, 384)  # the default output lengths
 
 TRACE_ENV = "VTC_TRACE"
 TRACE_NAME = "chatbot_arena_27clients.csv"

@@ -25,9 +25,10 @@
 //! * `batch`: the built-in batch loop (`schedule`, `decode_step`);
 //! * `invariants`: `check_invariants`.
 //!
-//! Imports go one way: `crate::config` and `request` import nothing from the
-//! scheduler, this module imports them, and the other child modules import
-//! this one (each holds only `impl Scheduler` blocks).
+//! Imports: `crate::config` and `request` import nothing from the
+//! scheduler, and this module imports them; the other child modules hold
+//! `impl Scheduler` blocks and import this one. `window` also defines
+//! [`PrefixLookup`], which this module re-exports: the one two-way `use`.
 //!
 //! Invariant: the configuration setters change no request, queue or heap
 //! (`set_band_weights` only builds the band shares from the live requests),
