@@ -224,7 +224,7 @@ fuzz_target!(|data: &[u8]| {
         if !engine_mode {
             assert!(s.occupancy() <= budget as u128);
         }
-        let snap = s.snapshot(|c| c.0.to_le_bytes().to_vec());
+        let snap = s.snapshot_with(|c| c.0.to_le_bytes().to_vec());
         let back = Scheduler::restore(&snap).expect("every snapshot restores");
         assert_eq!(back.scheduler.num_clients(), s.num_clients());
         for (i, &c) in clients.iter().enumerate() {

@@ -1,18 +1,24 @@
 //! Client keys: the caller's names for clients (an int or a str) interned to
-//! the scheduler's dense [`ClientId`]s, and back.
+//! the scheduler's dense [`ClientId`]s, and back. The table is the
+//! scheduler's own (`Scheduler::intern`, `Scheduler::client_of`,
+//! `Scheduler::key`): it adds and forgets clients and keys together, so the
+//! two cannot drift apart. This module imports nothing from the scheduler.
 //!
-//! Invariant (checked by [`ClientKeys::check`]): for every id `c` below
-//! `keys.len()`, `keys[c]` is `Some(k)` exactly when the scheduler's client
-//! `c` is live and was interned under `k`, and then `k`'s map (`ints` or
-//! `strs`) maps `k` to `c`; the maps hold nothing else. So the live keys, the
-//! map entries and the scheduler's live clients are the same set, one to
-//! one. [`ClientKeys::intern`] adds a client with
-//! [`Scheduler::add_client`], which reuses the id of a forgotten client
-//! first (the core's free list); [`ClientKeys::release`] drops the keys of
-//! the clients [`Scheduler::forget_idle`] forgot, so a forgotten key asked
-//! for again is a new client, and its id may now belong to another key. A
-//! map whose capacity is over four times its length plus 1,024 shrinks at a
-//! release, so a burst of clients does not hold memory for ever.
+//! Invariant (checked by [`ClientKeys::check`], from
+//! `Scheduler::check_invariants`): for every id `c` below `keys.len()`,
+//! `keys[c]` is `Some(k)` only when client `c` is live and was interned under
+//! `k`, and then `k`'s map (`ints` or `strs`) maps `k` to `c`; the maps hold
+//! nothing else. Either no key is interned (a scheduler whose clients come
+//! from `Scheduler::add_client`) or every live client has one: so the live
+//! keys, the map entries and the scheduler's live clients are the same set,
+//! one to one. A client gets its key when interned ([`ClientKeys::insert`],
+//! after `Scheduler::add_client`, which reuses the id of a forgotten client
+//! first); [`ClientKeys::release`] drops the keys of the clients
+//! `Scheduler::forget_idle` forgets, in the same call, so a forgotten key
+//! asked for again is a new client, and its id may now belong to another
+//! key. A map whose capacity is over four times its length plus 1,024
+//! shrinks at a release, so a burst of clients does not hold memory for
+//! ever.
 //!
 //! In snapshots a key is its bytes ([`ClientKey::encode`]): tag 0 and the
 //! int as 8 little-endian bytes, or tag 1 and the str's bytes.
@@ -22,7 +28,6 @@ use std::collections::HashMap;
 
 use crate::client::ClientId;
 use crate::error::CoreError;
-use crate::scheduler::Scheduler;
 
 /// A client key: an int, or a str kept as its UTF-8 bytes (the Python
 /// binding encodes a str holding a lone surrogate, which is not valid UTF-8,
@@ -68,7 +73,7 @@ impl ClientKey {
 }
 
 /// The interning table: key -> client id, and client id -> key.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ClientKeys {
     ints: HashMap<i64, u32>,
     strs: HashMap<Box<[u8]>, u32>,
@@ -77,10 +82,6 @@ pub struct ClientKeys {
 }
 
 impl ClientKeys {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// The client id of `k`, if it is interned.
     pub fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
         match k {
@@ -90,12 +91,10 @@ impl ClientKeys {
         .map(|&c| ClientId(c))
     }
 
-    /// The client id of `k`, adding a client to `core` if it is new.
-    pub fn intern(&mut self, core: &mut Scheduler, k: &KeyRef<'_>) -> ClientId {
-        if let Some(c) = self.lookup(k) {
-            return c;
-        }
-        let c = core.add_client();
+    /// Intern `k` as client `c`: a client the scheduler just added (a new
+    /// id, or a forgotten one reused), and `k` not interned.
+    pub(crate) fn insert(&mut self, c: ClientId, k: &KeyRef<'_>) {
+        debug_assert!(self.lookup(k).is_none(), "key interned twice");
         let key = match k {
             KeyRef::Int(i) => {
                 self.ints.insert(*i, c.0);
@@ -111,8 +110,7 @@ impl ClientKeys {
         if id >= self.keys.len() {
             self.keys.resize(id + 1, None);
         }
-        self.keys[id] = Some(key); // a new id, or a forgotten one reused
-        c
+        self.keys[id] = Some(key);
     }
 
     /// The key of client `c`, if it is live.
@@ -133,13 +131,9 @@ impl ClientKeys {
         self.ints.len() + self.strs.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Drop the keys of clients the core forgot (`Scheduler::forget_idle`'s
-    /// list); their ids are free for the core to reuse.
-    pub fn release(&mut self, gone: &[ClientId]) {
+    /// Drop the keys of clients the scheduler forgot (in
+    /// `Scheduler::forget_idle`); their ids are free for it to reuse.
+    pub(crate) fn release(&mut self, gone: &[ClientId]) {
         for c in gone {
             match self.keys.get_mut(c.0 as usize).and_then(Option::take) {
                 Some(ClientKey::Int(i)) => {
@@ -163,7 +157,7 @@ impl ClientKeys {
     /// decoded and accepted by `valid` (what the caller can represent), in
     /// order; a malformed key or one that appears twice is
     /// [`CoreError::BadSnapshot`].
-    pub fn from_snapshot_keys(
+    pub(crate) fn from_snapshot_keys(
         raw: &[Vec<u8>],
         mut valid: impl FnMut(&ClientKey) -> bool,
     ) -> Result<ClientKeys, CoreError> {
@@ -189,10 +183,16 @@ impl ClientKeys {
         Ok(t)
     }
 
-    /// The invariant at the top of this module, against `core`.
-    pub fn check(&self, core: &Scheduler) -> Result<(), String> {
-        let live = self.live().count();
-        if live != core.num_clients() || self.len() != live {
+    /// The invariant at the top of this module, against the scheduler's
+    /// clients: `live(c)` says whether client `c` is live, `num_clients`
+    /// how many are.
+    pub(crate) fn check(
+        &self,
+        live: impl Fn(ClientId) -> bool,
+        num_clients: usize,
+    ) -> Result<(), String> {
+        let n = self.live().count();
+        if self.len() != n || (n != 0 && n != num_clients) {
             return Err("client interning out of sync".into());
         }
         for (c, k) in self.live() {
@@ -200,7 +200,7 @@ impl ClientKeys {
                 ClientKey::Int(i) => self.ints.get(i),
                 ClientKey::Str(s) => self.strs.get(s),
             };
-            if mapped != Some(&c.0) || core.client(c).is_err() {
+            if mapped != Some(&c.0) || !live(c) {
                 return Err("client interning out of sync".into());
             }
         }
@@ -211,42 +211,6 @@ impl ClientKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::Policy;
-
-    fn s() -> Scheduler {
-        Scheduler::new(1000, 1.0, 2.0, Policy::Vtc).unwrap()
-    }
-
-    #[test]
-    fn int_and_str_keys_are_distinct_clients_and_come_back() {
-        let mut core = s();
-        let mut t = ClientKeys::new();
-        let a = t.intern(&mut core, &KeyRef::Int(7));
-        let b = t.intern(&mut core, &KeyRef::Str(Cow::Borrowed(b"7")));
-        assert_ne!(a, b);
-        assert_eq!(t.intern(&mut core, &KeyRef::Int(7)), a);
-        assert_eq!(t.key(b), Some(&ClientKey::Str((*b"7").into())));
-        assert_eq!(t.lookup(&KeyRef::Int(8)), None);
-        assert_eq!(core.num_clients(), 2);
-        t.check(&core).unwrap();
-    }
-
-    #[test]
-    fn a_forgotten_key_is_released_and_its_id_reused() {
-        let mut core = s();
-        let mut t = ClientKeys::new();
-        let a = t.intern(&mut core, &KeyRef::Int(1));
-        let mut gone = Vec::new();
-        core.forget_idle(&mut gone);
-        assert_eq!(gone, vec![a]);
-        t.release(&gone);
-        assert_eq!(t.lookup(&KeyRef::Int(1)), None);
-        t.check(&core).unwrap();
-        let b = t.intern(&mut core, &KeyRef::Str(Cow::Borrowed(b"x")));
-        assert_eq!(b, a, "the forgotten id is reused");
-        assert_eq!(t.key(b), Some(&ClientKey::Str((*b"x").into())));
-        t.check(&core).unwrap();
-    }
 
     #[test]
     fn snapshot_keys_round_trip_and_bad_ones_are_refused() {

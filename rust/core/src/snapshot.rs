@@ -11,9 +11,9 @@
 //! configuration ([`Scheduler::config`]: budget, cost, policy, client cap in
 //! tokens, predictor, locality quantum, band weights), every client's
 //! counter, delivered service, weight, refund credit and the `mean`
-//! predictor's moving average, with the caller's key for the client (the
-//! Python binding stores [`ClientKey::encode`](crate::ClientKey::encode)
-//! there), and the client that last left the backlog. A version 1 snapshot
+//! predictor's moving average, with the client's key
+//! ([`ClientKey::encode`] of its interned key, or the caller's bytes with
+//! [`Scheduler::snapshot_with`]), and the client that last left the backlog. A version 1 snapshot
 //! (budget, wp, wq, policy; counter, service and weight per client) still
 //! loads: the rest of the configuration takes its defaults, credits and
 //! averages start empty. Requests are not included: an engine that restarts
@@ -50,6 +50,7 @@ use crate::client::ClientId;
 use crate::config::{ClientCap, Config, Policy, Predictor};
 use crate::cost::Cost;
 use crate::error::{CoreError, Result};
+use crate::keys::{ClientKey, ClientKeys};
 use crate::scheduler::Scheduler;
 
 const MAGIC: &[u8; 8] = b"VTCSNAP\0";
@@ -162,9 +163,17 @@ fn put_f64s(p: &mut Vec<u8>, values: &[f64]) {
 }
 
 impl Scheduler {
-    /// Encode the state (format version 2); `key_of(id)` gives the
-    /// caller's key bytes for each client id.
-    pub fn snapshot(&self, mut key_of: impl FnMut(ClientId) -> Vec<u8>) -> Vec<u8> {
+    /// Encode the state (format version 2), each client with its interned
+    /// key ([`ClientKey::encode`]; empty bytes for a client from
+    /// [`add_client`](Self::add_client), which has none):
+    /// [`Restored::interned`] takes the keys back.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_with(|c| self.key(c).map_or_else(Vec::new, ClientKey::encode))
+    }
+
+    /// [`snapshot`](Self::snapshot) with the caller's key bytes for each
+    /// client id (`key_of(id)`) in place of the interned keys.
+    pub fn snapshot_with(&self, mut key_of: impl FnMut(ClientId) -> Vec<u8>) -> Vec<u8> {
         let config = self.config();
         let mut p = Vec::with_capacity(96 + self.num_clients() * 64);
         p.extend_from_slice(&self.budget().to_le_bytes());
@@ -237,8 +246,9 @@ impl Scheduler {
         out
     }
 
-    /// Decode a snapshot made by [`snapshot`](Self::snapshot), of version 2
-    /// or 1. Every client's token tally ([`tokens`](Self::tokens)) starts
+    /// Decode a snapshot made by [`snapshot`](Self::snapshot) or
+    /// [`snapshot_with`](Self::snapshot_with), of version 2 or 1 (the keys
+    /// as stored: [`Restored::interned`] interns them). Every client's token tally ([`tokens`](Self::tokens)) starts
     /// at 0: the format does not store it.
     pub fn restore(data: &[u8]) -> Result<Restored> {
         let mut h = Reader { data, pos: 0 };
@@ -313,6 +323,19 @@ impl Scheduler {
             keys,
             version,
         })
+    }
+}
+
+impl Restored {
+    /// The restored scheduler with the stored keys interned (index = client
+    /// id), each decoded ([`ClientKey::decode`]) and accepted by `valid`
+    /// (what the caller can represent): a malformed key or one that appears
+    /// twice is [`CoreError::BadSnapshot`].
+    pub fn interned(self, valid: impl FnMut(&ClientKey) -> bool) -> Result<Scheduler> {
+        let keys = ClientKeys::from_snapshot_keys(&self.keys, valid)?;
+        let mut s = self.scheduler;
+        s.set_keys(keys);
+        Ok(s)
     }
 }
 

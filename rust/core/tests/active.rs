@@ -143,7 +143,7 @@ fn a_restored_scheduler_has_no_active_client() {
     let x = s.add_client();
     s.submit(1, x, 10).unwrap();
     s.schedule(&mut Vec::new());
-    let data = s.snapshot(|c| c.0.to_le_bytes().to_vec());
+    let data = s.snapshot_with(|c| c.0.to_le_bytes().to_vec());
     let restored = Scheduler::restore(&data).unwrap().scheduler;
     assert_eq!(active(&restored), vec![]);
     assert_eq!(active(&s), vec![(x, (0, 1))]);

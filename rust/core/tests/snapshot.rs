@@ -71,7 +71,7 @@ fn is_bad(r: Result<vtc_core::Restored, CoreError>) -> String {
 #[test]
 fn version_2_round_trips_the_configuration_credits_and_averages() {
     for s in [sample(), configured()] {
-        let bytes = s.snapshot(key);
+        let bytes = s.snapshot_with(key);
         assert_eq!(bytes[8..12], SNAPSHOT_VERSION.to_le_bytes());
         let r = Scheduler::restore(&bytes).unwrap();
         assert_eq!(r.version, 2);
@@ -89,7 +89,7 @@ fn version_2_round_trips_the_configuration_credits_and_averages() {
             assert_eq!(r.scheduler.mean(ClientId(i)), s.mean(ClientId(i)));
         }
         assert_eq!(r.scheduler.last_left(), s.last_left());
-        assert_eq!(r.scheduler.snapshot(key), bytes);
+        assert_eq!(r.scheduler.snapshot_with(key), bytes);
         r.scheduler.check_invariants().unwrap();
     }
     let s = configured();
@@ -139,7 +139,7 @@ fn the_version_1_file_loads_to_the_state_it_held() {
     );
     // re-encoded as version 2, it restores to the same scheduler
     let again =
-        Scheduler::restore(&r.scheduler.snapshot(|c| r.keys[c.0 as usize].clone())).unwrap();
+        Scheduler::restore(&r.scheduler.snapshot_with(|c| r.keys[c.0 as usize].clone())).unwrap();
     assert_eq!(again.version, 2);
     assert_eq!(again.scheduler.config(), r.scheduler.config());
     assert_eq!(again.keys, r.keys);
@@ -149,8 +149,8 @@ fn the_version_1_file_loads_to_the_state_it_held() {
 #[test]
 fn every_truncation_and_every_flipped_byte_is_rejected() {
     for bytes in [
-        sample().snapshot(|c| vec![c.0 as u8; 3]),
-        configured().snapshot(key),
+        sample().snapshot_with(|c| vec![c.0 as u8; 3]),
+        configured().snapshot_with(key),
         V1.to_vec(),
     ] {
         for n in 0..bytes.len() {
@@ -206,7 +206,7 @@ fn a_well_sealed_payload_with_a_bad_value_names_it() {
     // budget 0, policy 8, cost 9 (wp 10, wq 18), cap 26, predictor 34,
     // quantum 35, bands 43, clients 47, first key length 55, key 59 (3 bytes),
     // counter 62, service 70, weight 78, credit 86, has_mean 94, mean 95
-    let bytes = sample().snapshot(|c| vec![c.0 as u8; 3]);
+    let bytes = sample().snapshot_with(|c| vec![c.0 as u8; 3]);
     let cases: Vec<(Edit, &str)> = vec![
         (Box::new(|p| p[8] = 9), "unknown policy code 9"),
         (Box::new(|p| p[9] = 7), "unknown cost code 7"),
@@ -260,7 +260,7 @@ fn a_well_sealed_payload_with_a_bad_value_names_it() {
 
 #[test]
 fn another_version_is_rejected_with_its_number() {
-    let mut bytes = sample().snapshot(key);
+    let mut bytes = sample().snapshot_with(key);
     bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     let m = is_bad(Scheduler::restore(&bytes));
     assert!(m.contains("version 3 is not supported"), "{m}");

@@ -225,7 +225,7 @@ fn a_restored_scheduler_starts_every_tally_at_zero() {
     s.decode_step(&mut Vec::new()).unwrap();
     s.finish(1).unwrap();
     s.finish(2).unwrap();
-    let data = s.snapshot(|c| c.0.to_le_bytes().to_vec());
+    let data = s.snapshot_with(|c| c.0.to_le_bytes().to_vec());
     let restored = Scheduler::restore(&data).unwrap().scheduler;
     for c in [x, y] {
         assert_eq!(restored.counter(c).unwrap(), s.counter(c).unwrap());
@@ -233,7 +233,7 @@ fn a_restored_scheduler_starts_every_tally_at_zero() {
     }
     // the tallies are not in the format: the restored scheduler's snapshot
     // is byte for byte the one it came from
-    assert_eq!(restored.snapshot(|c| c.0.to_le_bytes().to_vec()), data);
+    assert_eq!(restored.snapshot_with(|c| c.0.to_le_bytes().to_vec()), data);
 }
 
 #[test]

@@ -65,7 +65,7 @@ impl PyScheduler {
         let mut g = self.lock(py)?;
         // Validate before interning so a rejected submit creates no client.
         g.core.check_submit_full(rid, prompt, cached, predicted)?;
-        let c = g.intern(&key);
+        let c = g.core.intern(&key);
         g.core
             .submit_priority(rid, c, prompt, cached, predicted, priority)?;
         Ok(())

@@ -1,5 +1,5 @@
 //! Client keys between Python and the core's key type (`vtc_core::ClientKey`,
-//! interned by the core's `ClientKeys`): reading a key argument (an int or a
+//! interned by the core's `Scheduler`): reading a key argument (an int or a
 //! str), turning a key back into Python.
 
 use std::borrow::Cow;

@@ -1,7 +1,8 @@
 //! `vtc._core`: a thin PyO3 layer over `vtc-core`.
 //!
 //! Arguments are read into plain Rust values first (client keys into the
-//! core's key type, which the core's `ClientKeys` interns to dense ids); the work then runs on the core, with the
+//! core's key type, which the core interns to its dense client ids and
+//! forgets with its clients); the work then runs on the core, with the
 //! GIL released for batch calls. The scheduler sits behind a mutex so that
 //! API threads and an engine thread can share one object safely.
 //!
@@ -26,9 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyString};
-use vtc_core::{
-    ClientId, ClientKey, ClientKeys, Config, CoreError, Cost, KeyRef, Policy, Predictor,
-};
+use vtc_core::{ClientId, ClientKey, Config, CoreError, Cost, Policy, Predictor};
 
 use convert::{band_weights_arg, client_cap_arg, float_arg, i64_arg, mapping_items, type_error};
 use costs::{cost_arg, cost_repr, cost_to_py, PyContextCost, PyLinearCost, PyQuadraticCost};
@@ -79,9 +78,8 @@ fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
 }
 
 struct Inner {
+    /// The core, which also interns the client keys.
     core: vtc_core::Scheduler,
-    /// The client keys, interned to the core's client ids.
-    keys: ClientKeys,
     /// Reused copies of a batch call's numpy arguments (no allocation per step).
     scratch: Scratch,
     /// The locality window's prefix lookup (`set_prefix_lookup`), if any.
@@ -105,14 +103,6 @@ impl Inner {
         } else {
             None
         }
-    }
-
-    fn lookup(&self, k: &KeyRef<'_>) -> Option<ClientId> {
-        self.keys.lookup(k)
-    }
-
-    fn intern(&mut self, k: &KeyRef<'_>) -> ClientId {
-        self.keys.intern(&mut self.core, k)
     }
 }
 
@@ -254,7 +244,6 @@ impl PyScheduler {
         })?;
         Ok(PyScheduler::new_inner(Inner {
             core,
-            keys: ClientKeys::new(),
             scratch: Scratch::default(),
             prefix_lookup: None,
         }))
@@ -354,7 +343,7 @@ impl PyScheduler {
     fn credit(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.lookup(&key) {
+        Ok(match g.core.client_of(&key) {
             Some(c) => g.core.client(c)?.credit(),
             None => 0.0,
         })
@@ -411,7 +400,7 @@ impl PyScheduler {
             return Err(CoreError::InvalidWeight(w).into());
         }
         let mut g = self.lock(py)?;
-        let c = g.intern(&key);
+        let c = g.core.intern(&key);
         g.core.set_weight(c, w)?;
         Ok(())
     }
@@ -428,7 +417,7 @@ impl PyScheduler {
             return Err(CoreError::InvalidCounter(v).into());
         }
         let mut g = self.lock(py)?;
-        let c = g.intern(&key);
+        let c = g.core.intern(&key);
         g.core.raise_counter(c, v)?;
         Ok(())
     }
@@ -448,14 +437,17 @@ impl PyScheduler {
             checked.push((key, v));
         }
         let mut g = self.lock(py)?;
-        let pairs: Vec<(ClientId, f64)> = checked.iter().map(|(k, v)| (g.intern(k), *v)).collect();
+        let pairs: Vec<(ClientId, f64)> = checked
+            .iter()
+            .map(|(k, v)| (g.core.intern(k), *v))
+            .collect();
         Ok(g.core.raise_counters(&pairs)?)
     }
 
     fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.lookup(&key) {
+        Ok(match g.core.client_of(&key) {
             Some(c) => g.core.client(c)?.weight(),
             None => 1.0,
         })
@@ -464,7 +456,7 @@ impl PyScheduler {
     fn counter(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.lookup(&key) {
+        Ok(match g.core.client_of(&key) {
             Some(c) => g.core.counter(c)?,
             None => 0.0,
         })
@@ -473,7 +465,7 @@ impl PyScheduler {
     fn service(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.lookup(&key) {
+        Ok(match g.core.client_of(&key) {
             Some(c) => g.core.service(c)?,
             None => 0.0,
         })
@@ -484,7 +476,7 @@ impl PyScheduler {
     fn client_tokens(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<(u64, u64)> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.lookup(&key) {
+        Ok(match g.core.client_of(&key) {
             Some(c) => g.core.tokens(c)?,
             None => (0, 0),
         })
@@ -499,8 +491,8 @@ impl PyScheduler {
     ) -> PyResult<Bound<'py, PyDict>> {
         let values: Vec<(ClientKey, V)> = {
             let g = self.lock(py)?;
-            g.keys
-                .live()
+            g.core
+                .keyed_clients()
                 .map(|(c, k)| {
                     (
                         k.clone(),

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
-use vtc_core::{ClientKey, ClientKeys, Predictor, RequestState};
+use vtc_core::{ClientKey, Predictor, RequestState};
 
 use crate::convert::{
     band_weights_arg, client_cap_arg, float_arg, request_id_arg, rid_of, type_error, Ints,
@@ -71,7 +71,12 @@ impl PyScheduler {
     }
 
     fn clients<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys: Vec<ClientKey> = self.lock(py)?.keys.live().map(|(_, k)| k.clone()).collect();
+        let keys: Vec<ClientKey> = self
+            .lock(py)?
+            .core
+            .keyed_clients()
+            .map(|(_, k)| k.clone())
+            .collect();
         let list = PyList::empty(py);
         for k in &keys {
             list.append(key_to_py(py, k)?)?;
@@ -100,7 +105,7 @@ impl PyScheduler {
             g.core
                 .active_clients()
                 .map(|(c, counts)| {
-                    let key = g.keys.key(c);
+                    let key = g.core.key(c);
                     (key.expect("interned client has a key").clone(), counts)
                 })
                 .collect()
@@ -114,7 +119,6 @@ impl PyScheduler {
         let mut g = self.lock(py)?;
         let mut gone = Vec::new();
         g.core.forget_idle(&mut gone);
-        g.keys.release(&gone);
         Ok(gone.len())
     }
 
@@ -125,8 +129,7 @@ impl PyScheduler {
     fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         let data = {
             let g = self.lock_any(py);
-            g.core
-                .snapshot(|c| g.keys.key(c).expect("live client has a key").encode())
+            g.core.snapshot()
         };
         PyBytes::new(py, &data)
     }
@@ -193,10 +196,8 @@ impl PyScheduler {
             restored.scheduler.set_locality_quantum(q)?;
         }
         // a key the core accepts must also be one Python can hold
-        let keys = ClientKeys::from_snapshot_keys(&restored.keys, |k| key_to_py(py, k).is_ok())?;
         let inner = Inner {
-            core: restored.scheduler,
-            keys,
+            core: restored.interned(|k| key_to_py(py, k).is_ok())?,
             scratch: Scratch::default(),
             prefix_lookup: None,
         };
@@ -213,9 +214,6 @@ impl PyScheduler {
         let g = self.lock(py)?;
         g.core
             .check_invariants()
-            .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
-        g.keys
-            .check(&g.core)
             .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
         Ok(())
     }

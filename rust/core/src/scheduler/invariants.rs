@@ -129,6 +129,7 @@ impl Scheduler {
         self.check_bands()?;
         self.check_shares()?;
         self.check_running_sums()?;
+        self.check_keys()?;
         let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {

@@ -105,7 +105,8 @@ impl Scheduler {
      * periods does not call forget_idle (or calls it less often).
      */
     /// Forget idle clients whose state can no longer influence any decision
-    /// (see above); their ids are appended to `out` and will be reused.
+    /// (see above), and their keys (see `keyed`); their ids are appended to
+    /// `out` and will be reused.
     pub fn forget_idle(&mut self, out: &mut Vec<ClientId>) -> usize {
         let limit = match self.policy {
             Policy::Lcf => return 0,
@@ -144,6 +145,7 @@ impl Scheduler {
                 out.push(ClientId(i as u32));
             }
         }
+        self.keys.release(&out[start..]);
         out.len() - start
     }
 

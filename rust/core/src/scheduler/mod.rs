@@ -23,6 +23,7 @@
 //! * `running`: the running set's sums per client and band, `decode_all`;
 //! * `engine`: the engine-mode calls (`pop`, `decode`, `preempt`, `finish`, ...);
 //! * `batch`: the built-in batch loop (`schedule`, `decode_step`);
+//! * `keyed`: clients by the caller's key (`intern`, `client_of`, `key`);
 //! * `invariants`: `check_invariants`.
 //!
 //! Imports: `crate::config` and `request` import nothing from the
@@ -38,6 +39,7 @@ mod batch;
 mod charge;
 mod engine;
 mod invariants;
+mod keyed;
 mod lift;
 mod request;
 mod running;
@@ -56,6 +58,7 @@ use crate::config::{ClientCap, Config};
 use crate::cost::{Cost, Pending, RunSums};
 use crate::error::{CoreError, Result};
 use crate::heap::NOT_IN_HEAP;
+use crate::keys::ClientKeys;
 use crate::limits::weight_ok;
 use request::{IdMap, Request, Slot};
 
@@ -126,6 +129,8 @@ pub struct Scheduler {
     locality_quantum: f64,
     /// Scratch: the locality window's candidate entities.
     window: Vec<u32>,
+    /// The caller's key of each client (see `keyed`).
+    keys: ClientKeys,
 }
 
 impl Scheduler {
@@ -214,6 +219,7 @@ impl Scheduler {
             gen_hi: 0,
             locality_quantum: 0.0,
             window: Vec::new(),
+            keys: ClientKeys::default(),
         }
     }
 
