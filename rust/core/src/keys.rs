@@ -29,9 +29,11 @@ use std::collections::HashMap;
 use crate::client::ClientId;
 use crate::error::CoreError;
 
-/// A client key: an int, or a str kept as its UTF-8 bytes (the Python
-/// binding encodes a str holding a lone surrogate, which is not valid UTF-8,
-/// with `surrogatepass`, so that every Python str is a key).
+/// A client key: an int, or a str kept as its UTF-8 bytes, where a
+/// surrogate code point (U+D800 to U+DFFF) may stand alone, as three bytes
+/// (Python's `surrogatepass`: the binding encodes a str holding a lone
+/// surrogate that way, so that every Python str is a key; [`str_key_ok`]
+/// says which bytes are one).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ClientKey {
     Int(i64),
@@ -62,12 +64,28 @@ impl ClientKey {
         }
     }
 
-    /// The key of bytes made by [`encode`](Self::encode); `None` if malformed.
+    /// The key of bytes made by [`encode`](Self::encode); `None` if malformed
+    /// (a str's bytes included: see [`str_key_ok`]).
     pub fn decode(raw: &[u8]) -> Option<ClientKey> {
         match raw.split_first()? {
             (0, rest) => Some(ClientKey::Int(i64::from_le_bytes(rest.try_into().ok()?))),
-            (1, rest) => Some(ClientKey::Str(rest.into())),
+            (1, rest) if str_key_ok(rest) => Some(ClientKey::Str(rest.into())),
             _ => None,
+        }
+    }
+}
+
+/// Whether `b` are the bytes of a str key: UTF-8 in which a surrogate code
+/// point may also appear, encoded alone as `ED A0..=BF 80..=BF` (exactly the
+/// bytes Python decodes with `bytes.decode("utf-8", "surrogatepass")`).
+pub fn str_key_ok(mut b: &[u8]) -> bool {
+    loop {
+        match std::str::from_utf8(b) {
+            Ok(_) => return true,
+            Err(e) => match &b[e.valid_up_to()..] {
+                [0xED, 0xA0..=0xBF, 0x80..=0xBF, rest @ ..] => b = rest,
+                _ => return false,
+            },
         }
     }
 }
@@ -154,20 +172,15 @@ impl ClientKeys {
     }
 
     /// The table of a restored snapshot's keys (index = client id), each
-    /// decoded and accepted by `valid` (what the caller can represent), in
-    /// order; a malformed key or one that appears twice is
+    /// decoded in order; a malformed key or one that appears twice is
     /// [`CoreError::BadSnapshot`].
-    pub(crate) fn from_snapshot_keys(
-        raw: &[Vec<u8>],
-        mut valid: impl FnMut(&ClientKey) -> bool,
-    ) -> Result<ClientKeys, CoreError> {
+    pub(crate) fn from_snapshot_keys(raw: &[Vec<u8>]) -> Result<ClientKeys, CoreError> {
         let mut t = ClientKeys {
             keys: Vec::with_capacity(raw.len()),
             ..ClientKeys::default()
         };
         for (i, raw) in raw.iter().enumerate() {
             let key = ClientKey::decode(raw)
-                .filter(|k| valid(k))
                 .ok_or_else(|| CoreError::BadSnapshot(format!("client {i} has a malformed key")))?;
             let dup = match &key {
                 ClientKey::Int(v) => t.ints.insert(*v, i as u32).is_some(),
@@ -219,23 +232,40 @@ mod tests {
             ClientKey::Str((*b"\xed\xa0\x80").into()),
         ];
         let raw: Vec<Vec<u8>> = keys.iter().map(ClientKey::encode).collect();
-        let t = ClientKeys::from_snapshot_keys(&raw, |_| true).unwrap();
+        let t = ClientKeys::from_snapshot_keys(&raw).unwrap();
         assert_eq!(t.key(ClientId(1)), Some(&keys[1]));
-        for bad in [vec![], vec![2], vec![0, 1, 2]] {
-            let e = ClientKeys::from_snapshot_keys(&[bad], |_| true).unwrap_err();
+        for bad in [vec![], vec![2], vec![0, 1, 2], vec![1, 0xff]] {
+            let e = ClientKeys::from_snapshot_keys(&[bad]).unwrap_err();
             assert!(
                 e.to_string().contains("client 0 has a malformed key"),
                 "{e}"
             );
         }
-        let e = ClientKeys::from_snapshot_keys(&[raw[0].clone(), raw[0].clone()], |_| true)
-            .unwrap_err();
+        let e = ClientKeys::from_snapshot_keys(&[raw[0].clone(), raw[0].clone()]).unwrap_err();
         assert!(e.to_string().contains("appears twice"), "{e}");
-        let e =
-            ClientKeys::from_snapshot_keys(&raw, |k| matches!(k, ClientKey::Int(_))).unwrap_err();
-        assert!(
-            e.to_string().contains("client 1 has a malformed key"),
-            "{e}"
-        );
+    }
+
+    #[test]
+    fn str_keys_are_utf8_with_lone_surrogates() {
+        for ok in [
+            &b""[..],
+            b"abc",
+            "\u{e9}\u{20ac}\u{1f600}".as_bytes(),
+            b"\xed\xa0\x80",
+            b"a\xed\xbf\xbfb\xed\xa0\xbd\xed\xb8\x80",
+        ] {
+            assert!(str_key_ok(ok), "{ok:?}");
+        }
+        for bad in [
+            &b"\xff"[..],
+            b"\xed\xa0",
+            b"\xed\x9f",
+            b"\xc0\x80",
+            b"\xed\xc0\x80",
+            b"a\xed\xa0\x80\x80",
+            b"\xf4\x90\x80\x80",
+        ] {
+            assert!(!str_key_ok(bad), "{bad:?}");
+        }
     }
 }

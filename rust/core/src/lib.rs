@@ -33,7 +33,7 @@ pub use config::{ClientCap, Config};
 pub use cost::{Cost, Pending, RunSums};
 pub use error::{CoreError, Op, Result, Where};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
-pub use keys::{ClientKey, KeyRef};
+pub use keys::{str_key_ok, ClientKey, KeyRef};
 pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
 pub use scheduler::{
     LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens,

@@ -328,11 +328,11 @@ impl Scheduler {
 
 impl Restored {
     /// The restored scheduler with the stored keys interned (index = client
-    /// id), each decoded ([`ClientKey::decode`]) and accepted by `valid`
-    /// (what the caller can represent): a malformed key or one that appears
-    /// twice is [`CoreError::BadSnapshot`].
-    pub fn interned(self, valid: impl FnMut(&ClientKey) -> bool) -> Result<Scheduler> {
-        let keys = ClientKeys::from_snapshot_keys(&self.keys, valid)?;
+    /// id), each decoded ([`ClientKey::decode`]): a malformed key (a str's
+    /// included, see [`str_key_ok`](crate::keys::str_key_ok)) or one that
+    /// appears twice is [`CoreError::BadSnapshot`].
+    pub fn interned(self) -> Result<Scheduler> {
+        let keys = ClientKeys::from_snapshot_keys(&self.keys)?;
         let mut s = self.scheduler;
         s.set_keys(keys);
         Ok(s)

@@ -195,9 +195,8 @@ impl PyScheduler {
         if let Some(q) = locality_quantum {
             restored.scheduler.set_locality_quantum(q)?;
         }
-        // a key the core accepts must also be one Python can hold
         let inner = Inner {
-            core: restored.interned(|k| key_to_py(py, k).is_ok())?,
+            core: restored.interned()?,
             scratch: Scratch::default(),
             prefix_lookup: None,
         };

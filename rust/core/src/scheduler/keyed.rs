@@ -111,10 +111,7 @@ mod tests {
         let b = core.intern(&KeyRef::Str(Cow::Borrowed(b"tenant")));
         core.set_weight(b, 2.0).unwrap();
         let data = core.snapshot();
-        let back = Scheduler::restore(&data)
-            .unwrap()
-            .interned(|_| true)
-            .unwrap();
+        let back = Scheduler::restore(&data).unwrap().interned().unwrap();
         back.check_invariants().unwrap();
         assert_eq!(back.client_of(&KeyRef::Int(-3)), Some(a));
         assert_eq!(
@@ -127,6 +124,6 @@ mod tests {
         let mut bare = s();
         bare.add_client();
         let r = Scheduler::restore(&bare.snapshot()).unwrap();
-        assert!(r.interned(|_| true).is_err());
+        assert!(r.interned().is_err());
     }
 }
