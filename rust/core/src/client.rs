@@ -52,25 +52,30 @@ pub struct Client {
 
 impl Default for Client {
     fn default() -> Self {
-        Client {
-            counter: 0.0,
-            service: 0.0,
-            weight: 1.0,
-            inv_w: 1.0,
-            entities: NO_ENTITY,
-            n_waiting: 0,
-            n_running: 0,
-            n_aside: 0,
-            pending_tokens: 0,
-            occupancy: 0,
-            credit: 0.0,
-            prompt_tokens: 0,
-            decode_tokens: 0,
-            live: true,
-            run_prompt: 0,
-            run_pos: u32::MAX,
-        }
+        Client::NEW
     }
+}
+
+impl Client {
+    /// A new client's record: counter 0, weight 1, nothing charged.
+    pub const NEW: Client = Client {
+        counter: 0.0,
+        service: 0.0,
+        weight: 1.0,
+        inv_w: 1.0,
+        entities: NO_ENTITY,
+        n_waiting: 0,
+        n_running: 0,
+        n_aside: 0,
+        pending_tokens: 0,
+        occupancy: 0,
+        credit: 0.0,
+        prompt_tokens: 0,
+        decode_tokens: 0,
+        live: true,
+        run_prompt: 0,
+        run_pos: u32::MAX,
+    };
 }
 
 impl Client {

@@ -44,6 +44,12 @@ pub fn weight_ok(w: f64) -> bool {
     (MIN_WEIGHT..=MAX_WEIGHT).contains(&w)
 }
 
+/// A counter value the scheduler accepts from outside (`raise_counter`).
+#[inline]
+pub fn counter_ok(v: f64) -> bool {
+    v.is_finite() && v.abs() <= MAX_COUNTER
+}
+
 /// A token price the scheduler accepts.
 #[inline]
 pub fn price_ok(p: f64) -> bool {

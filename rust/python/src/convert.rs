@@ -116,6 +116,8 @@ pub(crate) fn band_weights_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<
         let p = i64_arg("priority", p)?;
         let w = float_arg("weight", w)?;
         if !vtc_core::limits::weight_ok(w) {
+            // the core's rule, applied as each pair is read (a bad weight
+            // comes before a later pair's bad shape)
             return Err(CoreError::InvalidWeight(w).into());
         }
         out.push((p, w));

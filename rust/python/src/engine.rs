@@ -62,13 +62,10 @@ impl PyScheduler {
             .map(|p| i64_arg("priority", p))
             .transpose()?
             .unwrap_or(0);
-        let mut g = self.lock(py)?;
-        // Validate before interning so a rejected submit creates no client.
-        g.core.check_submit_full(rid, prompt, cached, predicted)?;
-        let c = g.core.intern(&key);
-        g.core
-            .submit_priority(rid, c, prompt, cached, predicted, priority)?;
-        Ok(())
+        Ok(self
+            .lock(py)?
+            .core
+            .submit_keyed(rid, &key, prompt, cached, predicted, priority)?)
     }
 
     fn schedule<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyString};
-use vtc_core::{ClientId, ClientKey, Config, CoreError, Cost, Policy, Predictor};
+use vtc_core::{ClientKey, Config, CoreError, Cost, Policy, Predictor};
 
 use convert::{band_weights_arg, client_cap_arg, float_arg, i64_arg, mapping_items, type_error};
 use costs::{cost_arg, cost_repr, cost_to_py, PyContextCost, PyLinearCost, PyQuadraticCost};
@@ -342,11 +342,7 @@ impl PyScheduler {
     /// Refund credit not yet absorbed by later charges (length prediction).
     fn credit(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py)?;
-        Ok(match g.core.client_of(&key) {
-            Some(c) => g.core.client(c)?.credit(),
-            None => 0.0,
-        })
+        Ok(self.lock(py)?.core.client_by_key(&key).credit())
     }
 
     /// The per-client KV cap in tokens, or None.
@@ -396,13 +392,7 @@ impl PyScheduler {
     ) -> Result<()> {
         let key = client_arg(client)?;
         let w = float_arg("weight", weight)?;
-        if !vtc_core::limits::weight_ok(w) {
-            return Err(CoreError::InvalidWeight(w).into());
-        }
-        let mut g = self.lock(py)?;
-        let c = g.core.intern(&key);
-        g.core.set_weight(c, w)?;
-        Ok(())
+        Ok(self.lock(py)?.core.set_weight_keyed(&key, w)?)
     }
 
     fn raise_counter(
@@ -413,62 +403,40 @@ impl PyScheduler {
     ) -> Result<()> {
         let key = client_arg(client)?;
         let v = float_arg("value", value)?;
-        if !(v.is_finite() && v.abs() <= vtc_core::limits::MAX_COUNTER) {
-            return Err(CoreError::InvalidCounter(v).into());
-        }
-        let mut g = self.lock(py)?;
-        let c = g.core.intern(&key);
-        g.core.raise_counter(c, v)?;
-        Ok(())
+        Ok(self.lock(py)?.core.raise_counter_keyed(&key, v)?)
     }
 
     /// `raise_counter` for every `client: value` of a mapping, all checked
-    /// (in order: the client, then its value) before any counter moves;
-    /// returns how many counters rose.
+    /// (in order: the client, then its value: the core's rule, applied as
+    /// each pair is read so that a bad value comes before a later pair's
+    /// bad shape) before any counter moves; returns how many counters rose.
     fn raise_counters(&self, py: Python<'_>, counters: &Bound<'_, PyAny>) -> Result<usize> {
         let items = mapping_items(counters, "counters", "a mapping of client to counter")?;
         let mut checked = Vec::with_capacity(items.len());
         for (k, v) in &items {
             let key = client_arg(k)?;
             let v = float_arg("value", v)?;
-            if !(v.is_finite() && v.abs() <= vtc_core::limits::MAX_COUNTER) {
+            if !vtc_core::limits::counter_ok(v) {
                 return Err(CoreError::InvalidCounter(v).into());
             }
             checked.push((key, v));
         }
-        let mut g = self.lock(py)?;
-        let pairs: Vec<(ClientId, f64)> = checked
-            .iter()
-            .map(|(k, v)| (g.core.intern(k), *v))
-            .collect();
-        Ok(g.core.raise_counters(&pairs)?)
+        Ok(self.lock(py)?.core.raise_counters_keyed(&checked)?)
     }
 
     fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py)?;
-        Ok(match g.core.client_of(&key) {
-            Some(c) => g.core.client(c)?.weight(),
-            None => 1.0,
-        })
+        Ok(self.lock(py)?.core.client_by_key(&key).weight())
     }
 
     fn counter(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py)?;
-        Ok(match g.core.client_of(&key) {
-            Some(c) => g.core.counter(c)?,
-            None => 0.0,
-        })
+        Ok(self.lock(py)?.core.client_by_key(&key).counter())
     }
 
     fn service(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
         let key = client_arg(client)?;
-        let g = self.lock(py)?;
-        Ok(match g.core.client_of(&key) {
-            Some(c) => g.core.service(c)?,
-            None => 0.0,
-        })
+        Ok(self.lock(py)?.core.client_by_key(&key).service())
     }
 
     /// The raw tokens charged to the client, `(prompt, decode)` ((0, 0) if
@@ -476,10 +444,8 @@ impl PyScheduler {
     fn client_tokens(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<(u64, u64)> {
         let key = client_arg(client)?;
         let g = self.lock(py)?;
-        Ok(match g.core.client_of(&key) {
-            Some(c) => g.core.tokens(c)?,
-            None => (0, 0),
-        })
+        let c = g.core.client_by_key(&key);
+        Ok((c.prompt_tokens(), c.decode_tokens()))
     }
 }
 

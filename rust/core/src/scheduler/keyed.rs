@@ -13,8 +13,10 @@
 //! [`intern`]: Scheduler::intern
 
 use super::Scheduler;
-use crate::client::ClientId;
+use crate::client::{Client, ClientId};
+use crate::error::{CoreError, Result};
 use crate::keys::{ClientKey, ClientKeys, KeyRef};
+use crate::limits::{counter_ok, weight_ok};
 
 impl Scheduler {
     /// The client interned under `k`, if any.
@@ -44,13 +46,72 @@ impl Scheduler {
         self.keys.live()
     }
 
+    /// The record of the client interned under `k`, or a new client's
+    /// ([`Client::NEW`]: what [`intern`](Self::intern) would add) if there
+    /// is none: the views of a key never seen (counter 0, weight 1, ...).
+    pub fn client_by_key(&self, k: &KeyRef<'_>) -> &Client {
+        match self.keys.lookup(k) {
+            Some(c) => &self.clients[c.0 as usize],
+            None => &Client::NEW,
+        }
+    }
+
+    /// [`submit_priority`](Self::submit_priority) for the client interned
+    /// under `k`: the request is checked first, so a refused one adds no
+    /// client.
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_keyed(
+        &mut self,
+        rid: u64,
+        k: &KeyRef<'_>,
+        prompt_len: i64,
+        cached_len: i64,
+        predicted_output: Option<i64>,
+        priority: i64,
+    ) -> Result<()> {
+        self.check_submit_full(rid, prompt_len, cached_len, predicted_output)?;
+        let c = self.intern(k);
+        self.submit_priority(rid, c, prompt_len, cached_len, predicted_output, priority)
+    }
+
+    /// [`set_weight`](Self::set_weight) for the client interned under `k`;
+    /// a refused weight adds no client.
+    pub fn set_weight_keyed(&mut self, k: &KeyRef<'_>, weight: f64) -> Result<()> {
+        if !weight_ok(weight) {
+            return Err(CoreError::InvalidWeight(weight));
+        }
+        let c = self.intern(k);
+        self.set_weight(c, weight)
+    }
+
+    /// [`raise_counter`](Self::raise_counter) for the client interned under
+    /// `k`; a refused value adds no client.
+    pub fn raise_counter_keyed(&mut self, k: &KeyRef<'_>, value: f64) -> Result<()> {
+        if !counter_ok(value) {
+            return Err(CoreError::InvalidCounter(value));
+        }
+        let c = self.intern(k);
+        self.raise_counter(c, value)
+    }
+
+    /// [`raise_counters`](Self::raise_counters) for clients by key: every
+    /// value is checked, in order, before any client is added or counter
+    /// moves.
+    pub fn raise_counters_keyed(&mut self, items: &[(KeyRef<'_>, f64)]) -> Result<usize> {
+        if let Some(&(_, v)) = items.iter().find(|(_, v)| !counter_ok(*v)) {
+            return Err(CoreError::InvalidCounter(v));
+        }
+        let pairs: Vec<(ClientId, f64)> = items.iter().map(|(k, v)| (self.intern(k), *v)).collect();
+        self.raise_counters(&pairs)
+    }
+
     /// Replace the key table: a restored snapshot's keys (index = client id).
     pub(crate) fn set_keys(&mut self, keys: ClientKeys) {
         self.keys = keys;
     }
 
     /// The invariant at the top of this module.
-    pub(crate) fn check_keys(&self) -> Result<(), String> {
+    pub(crate) fn check_keys(&self) -> std::result::Result<(), String> {
         self.keys
             .check(|c| self.client(c).is_ok(), self.num_clients())
     }
@@ -93,6 +154,28 @@ mod tests {
         let b = core.intern(&KeyRef::Str(Cow::Borrowed(b"x")));
         assert_eq!(b, a, "the forgotten id is reused");
         assert_eq!(core.key(b), Some(&ClientKey::Str((*b"x").into())));
+        core.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn refused_calls_by_key_add_no_client_and_unknown_keys_read_as_new() {
+        let mut core = s();
+        let k = KeyRef::Int(5);
+        assert!(core.submit_keyed(1, &k, -1, 0, None, 0).is_err());
+        assert!(core.set_weight_keyed(&k, 0.0).is_err());
+        assert!(core.raise_counter_keyed(&k, f64::NAN).is_err());
+        assert!(core
+            .raise_counters_keyed(&[(k.clone(), 1.0), (KeyRef::Int(6), f64::INFINITY)])
+            .is_err());
+        assert_eq!(core.num_clients(), 0);
+        assert_eq!(core.client_by_key(&k).weight(), 1.0);
+        assert_eq!(core.client_by_key(&k).counter(), 0.0);
+        core.set_weight_keyed(&k, 2.0).unwrap();
+        core.raise_counters_keyed(&[(k.clone(), 3.0)]).unwrap();
+        assert_eq!(core.client_by_key(&k).weight(), 2.0);
+        assert_eq!(core.client_by_key(&k).counter(), 3.0);
+        core.submit_keyed(1, &k, 10, 0, None, 0).unwrap();
+        assert_eq!(core.num_clients(), 1);
         core.check_invariants().unwrap();
     }
 

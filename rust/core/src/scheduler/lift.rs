@@ -12,7 +12,7 @@ use crate::band::Share;
 use crate::client::{Client, ClientId};
 use crate::cost::{Pending, RunSums};
 use crate::error::{CoreError, Result};
-use crate::limits::MAX_COUNTER;
+use crate::limits::counter_ok;
 
 impl Scheduler {
     /// Raise `c`'s counter to at least `value` (never lowers it). For
@@ -44,7 +44,7 @@ impl Scheduler {
     }
 
     fn check_raise(&self, c: ClientId, value: f64) -> Result<()> {
-        if !(value.is_finite() && value.abs() <= MAX_COUNTER) {
+        if !counter_ok(value) {
             return Err(CoreError::InvalidCounter(value));
         }
         self.clients
