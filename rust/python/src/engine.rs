@@ -6,17 +6,17 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList};
 use vtc_core::{CoreError, Tokens};
 
 use crate::convert::{
-    has_special, i64_arg, int_arg, int_arg_sat, output_attr, repr, request_id_arg, rid_of,
-    sized_len, tokens_of, type_error, Ints,
+    i64_arg, int_arg, int_arg_sat, missing_arg, request_id_arg, rid_of, sized_len, tokens_of, Ints,
+    Outputs,
 };
-use crate::errors::{self, invalid, Error, Result};
+use crate::errors::{invalid, Error, Result};
 use crate::keys::client_arg;
 use crate::lookup::PyLookup;
-use crate::{key_id, PyScheduler, DETACH_MIN};
+use crate::{PyScheduler, DETACH_MIN};
 
 /// The core's engine-form `decode`, with the GIL released for a batch of at
 /// least [`DETACH_MIN`] ids.
@@ -242,19 +242,7 @@ impl PyScheduler {
         id_attr: &str,
         tokens_attr: &str,
     ) -> Result<()> {
-        let hashed = match missing {
-            "error" => false,
-            "hash" => true,
-            other => {
-                return Err(invalid(format!(
-                    "missing must be \"error\" or \"hash\", got {other:?}"
-                )))
-            }
-        };
-        // With `hashed`, an empty mapping (the common case) is not consulted.
-        let consult = !(hashed && request_ids.is_empty());
-        let id_name = PyString::intern(py, id_attr);
-        let tokens_name = PyString::intern(py, tokens_attr);
+        let hashed = missing_arg(missing)?;
         // Never sized from `len(outputs)` (it may lie); an iterable other
         // than a list is read up to one more output than there are running
         // requests (more is an error whatever they hold).
@@ -263,70 +251,21 @@ impl PyScheduler {
         } else {
             self.lock(py)?.core.num_running().saturating_add(1)
         };
-        let mut rids: Vec<u64> = Vec::new();
-        let mut toks: Vec<i64> = Vec::new();
-        // Everything that may run Python code (attribute getters, __len__,
-        // __hash__) happens here, before the lock is taken.
-        let mut read = |i: usize, out: Bound<'_, PyAny>| -> Result<()> {
-            let key = output_attr(i, &out, &id_name)?;
-            let found = if consult {
-                request_ids.get_item(&key)?
-            } else {
-                None
-            };
-            let rid = match found {
-                Some(rid) => request_id_arg(&rid)?,
-                None if hashed => key_id(&key)?,
-                None => {
-                    return Err(Error::Arg(
-                        errors::Kind::UnknownRequest,
-                        format!(
-                            "outputs[{i}].{id_attr} = {} is not in request_ids",
-                            repr(&key)
-                        ),
-                    ))
-                }
-            };
-            let produced = output_attr(i, &out, &tokens_name)?;
-            let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
-                i64_arg(tokens_attr, n.as_any())?
-            } else {
-                if !has_special(&produced, "__len__") {
-                    return Err(type_error(
-                        &format!("outputs[{i}].{tokens_attr}"),
-                        "a sized container or an int",
-                        &produced,
-                    ));
-                }
-                let len = produced.len()?; // an error raised by __len__ propagates
-                i64::try_from(len).map_err(|_| invalid(format!("{len} tokens do not fit")))?
-            };
-            rids.push(rid);
-            toks.push(n);
-            Ok(())
-        };
-        if let Ok(list) = outputs.cast_exact::<PyList>() {
-            for (i, out) in list.iter().enumerate() {
-                read(i, out)?;
-            }
-        } else {
-            let iter = outputs
-                .try_iter()
-                .map_err(|_| type_error("outputs", "an iterable of output objects", outputs))?;
-            for (i, out) in iter.enumerate() {
-                let out = out?;
-                if i == limit {
-                    let mut g = self.lock(py)?;
-                    g.core.check_decode(&rids, Tokens::PerRequest(&toks))?;
-                    return Err(invalid(format!(
-                        "outputs has more than {limit} items, more than there are running requests"
-                    )));
-                }
-                read(i, out)?;
-            }
-        }
+        let read = Outputs::read(outputs, request_ids, hashed, id_attr, tokens_attr, limit)?;
         let mut g = self.lock(py)?;
-        decode_batch(py, &mut g.core, &rids, Tokens::PerRequest(&toks))
+        if read.more {
+            g.core
+                .check_decode(&read.rids, Tokens::PerRequest(&read.tokens))?;
+            return Err(invalid(format!(
+                "outputs has more than {limit} items, more than there are running requests"
+            )));
+        }
+        decode_batch(
+            py,
+            &mut g.core,
+            &read.rids,
+            Tokens::PerRequest(&read.tokens),
+        )
     }
 
     fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {

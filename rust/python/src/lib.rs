@@ -7,9 +7,10 @@
 //! API threads and an engine thread can share one object safely.
 //!
 //! Modules: `convert` reads argument shapes (ints, floats, batches, mappings,
-//! the client cap) into Rust values, `keys` client keys (Python's int or
-//! str to the core's `ClientKey` and back), `costs` the cost objects, `errors` the one conversion of core
-//! errors into Python exceptions. The `Scheduler` class is this file (its
+//! the client cap, an engine step's output objects) into Rust values, `keys`
+//! client keys (Python's int or str to the core's `ClientKey` and back),
+//! `costs` the cost objects, `lookup` the prefix lookup, `errors` the one
+//! conversion of core errors into Python exceptions. The `Scheduler` class is this file (its
 //! state, the lock, construction and configuration), `engine` (the calls
 //! that change requests) and `views` (read-only views, snapshots): one class
 //! over several `#[pymethods]` blocks (PyO3's `multiple-pymethods`).
@@ -64,18 +65,6 @@ fn locality_quantum_arg(q: &Given<'_>) -> Result<f64> {
 /// batches whose work is long next to a switch release it: 65,536 ids are
 /// ~0.5 ms.
 const DETACH_MIN: usize = 65_536;
-
-/// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
-/// its request id mapping does not hold: `hash(key) % 2**64`. An engine that
-/// submits each request as `key_id(its key)` needs no id mapping of its own
-/// (only for the rare key whose id is taken by another live request). Python
-/// salts str hashes per process, so such ids are not stable across processes.
-/// A str caches its hash, so this reads no more memory than the key.
-#[pyfunction]
-#[pyo3(signature = (key, /))]
-fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
-    Ok(key.hash()? as u64)
-}
 
 struct Inner {
     /// The core, which also interns the client keys.
@@ -479,7 +468,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
-    m.add_function(wrap_pyfunction!(key_id, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [
         errors::Kind::InvalidArgument,
