@@ -2,12 +2,12 @@
 //! core's `PrefixLookup` trait.
 //!
 //! Invariant: the core sees only `Ok(hit)` with a hit the callable returned
-//! (an int, range-checked against the request's footprint as
-//! `vtc.reference` checks it) or `Err(LookupFailed)`, and then the Python
+//! (an int in u64, which the core checks against the request's footprint:
+//! `InvalidPrefixHit`) or `Err(LookupFailed)`, and then the Python
 //! exception it stands for (the callable's own, a `TypeError` for a
-//! non-int, an `InvalidArgumentError` for a value out of range) is kept
-//! here, for the binding to raise in place of the core's
-//! `PrefixLookupFailed`. A lookup that calls back into the same scheduler
+//! non-int, an `InvalidArgumentError`, worded as the core's, for an int
+//! outside u64) is kept here, for the binding to raise in place of the
+//! core's `PrefixLookupFailed`. A lookup that calls back into the same scheduler
 //! (whose lock its caller holds) gets an error instead of a deadlock.
 
 use std::cell::Cell;
@@ -55,13 +55,14 @@ impl<'a, 'py> PyLookup<'a, 'py> {
         let answer = self.f.call1((request_id,));
         IN_LOOKUP.with(|x| x.set(false));
         let (v, text) = int_arg_sat("prefix lookup", &answer?)?;
-        if v < 0 || v > i128::from(footprint) {
-            return Err(invalid(format!(
+        // the range is the core's to check (InvalidPrefixHit); only an int
+        // that a u64 cannot hold is refused here, in the core's words
+        u64::try_from(v).map_err(|_| {
+            invalid(format!(
                 "prefix lookup of request {request_id} returned {text}, outside [0, {footprint}] \
                  (its prompt and generated tokens)"
-            )));
-        }
-        Ok(v as u64)
+            ))
+        })
     }
 }
 
