@@ -105,6 +105,19 @@ impl ClientCap {
     }
 }
 
+/// Values that replace a restored snapshot's configuration
+/// ([`Restored::override_config`](crate::Restored::override_config));
+/// `None` keeps the stored value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub cost: Option<Cost>,
+    /// A number of tokens, or a fraction of the restored `M`.
+    pub client_cap: Option<ClientCap>,
+    pub predictor: Option<Predictor>,
+    pub band_weights: Option<Vec<(i64, f64)>>,
+    pub locality_quantum: Option<f64>,
+}
+
 /// Everything a [`Scheduler`](crate::Scheduler) is built with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

@@ -29,7 +29,7 @@ mod scheduler;
 mod snapshot;
 
 pub use client::{Client, ClientId};
-pub use config::{ClientCap, Config};
+pub use config::{ClientCap, Config, Overrides};
 pub use cost::{Cost, Pending, RunSums};
 pub use error::{CoreError, Op, Result, Where};
 pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};

@@ -47,7 +47,7 @@
 //! ```
 
 use crate::client::ClientId;
-use crate::config::{ClientCap, Config, Policy, Predictor};
+use crate::config::{ClientCap, Config, Overrides, Policy, Predictor};
 use crate::cost::Cost;
 use crate::error::{CoreError, Result};
 use crate::keys::{ClientKey, ClientKeys};
@@ -327,6 +327,32 @@ impl Scheduler {
 }
 
 impl Restored {
+    /// Replace the stored configuration values `o` gives, in this order:
+    /// the cost, the client cap (a fraction is of the restored `M`), the
+    /// predictor, the band weights, the locality quantum. The first bad
+    /// value is the error (the scheduler is then to be dropped: the values
+    /// before it are replaced).
+    pub fn override_config(&mut self, o: Overrides) -> Result<()> {
+        let s = &mut self.scheduler;
+        if let Some(cost) = o.cost {
+            s.set_cost(cost)?;
+        }
+        if let Some(cap) = o.client_cap {
+            let tokens = cap.tokens(s.budget())?;
+            s.set_client_cap(Some(tokens))?;
+        }
+        if let Some(p) = o.predictor {
+            s.set_predictor(p);
+        }
+        if let Some(w) = o.band_weights {
+            s.set_band_weights(Some(&w))?;
+        }
+        if let Some(q) = o.locality_quantum {
+            s.set_locality_quantum(q)?;
+        }
+        Ok(())
+    }
+
     /// The restored scheduler with the stored keys interned (index = client
     /// id), each decoded ([`ClientKey::decode`]): a malformed key (a str's
     /// included, see [`str_key_ok`](crate::keys::str_key_ok)) or one that

@@ -3,8 +3,8 @@
 //! a `BadSnapshot` naming what is wrong, never a panic.
 
 use vtc_core::{
-    ClientCap, ClientId, ClientKey, Config, CoreError, Cost, Policy, Predictor, Scheduler, Tokens,
-    SNAPSHOT_VERSION,
+    ClientCap, ClientId, ClientKey, Config, CoreError, Cost, Overrides, Policy, Predictor,
+    Scheduler, Tokens, SNAPSHOT_VERSION,
 };
 
 /// Written by `tests/test_snapshot.py`'s scenario on the format-1 code.
@@ -264,4 +264,32 @@ fn another_version_is_rejected_with_its_number() {
     bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     let m = is_bad(Scheduler::restore(&bytes));
     assert!(m.contains("version 3 is not supported"), "{m}");
+}
+
+#[test]
+fn overrides_replace_the_stored_configuration_in_order() {
+    let mut s = Scheduler::new(1000, 1.0, 2.0, Policy::Vtc).unwrap();
+    s.add_client();
+    let bytes = s.snapshot_with(|_| vec![7]);
+    let mut r = Scheduler::restore(&bytes).unwrap();
+    r.override_config(Overrides {
+        client_cap: Some(ClientCap::Fraction(0.25)),
+        predictor: Some(Predictor::Mean),
+        locality_quantum: Some(5.0),
+        ..Overrides::default()
+    })
+    .unwrap();
+    assert_eq!(r.scheduler.client_cap(), Some(250));
+    assert_eq!(r.scheduler.predictor(), Predictor::Mean);
+    assert_eq!(r.scheduler.locality_quantum(), 5.0);
+    assert_eq!(r.scheduler.wq(), 2.0, "the stored cost is kept");
+    let mut r = Scheduler::restore(&bytes).unwrap();
+    let e = r
+        .override_config(Overrides {
+            client_cap: Some(ClientCap::Fraction(2.0)),
+            locality_quantum: Some(-1.0),
+            ..Overrides::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, CoreError::InvalidCapFraction(_)), "{e}");
 }

@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
-use vtc_core::{ClientKey, Predictor, RequestState};
+use vtc_core::{ClientKey, Overrides, Predictor, RequestState};
 
 use crate::convert::{
     band_weights_arg, client_cap_arg, float_arg, request_id_arg, rid_of, type_error, Ints,
@@ -178,23 +178,16 @@ impl PyScheduler {
             return Err(type_error("data", "bytes, bytearray or memoryview", data));
         };
         let mut restored = py.detach(|| vtc_core::Scheduler::restore(&bytes))?;
-        if let Some(cost) = cost {
-            restored.scheduler.set_cost(cost)?;
-        }
-        if let Some(cap) = client_cap {
-            let budget = restored.scheduler.budget();
-            let tokens = client_cap_arg(cap)?.tokens(budget)?;
-            restored.scheduler.set_client_cap(Some(tokens))?;
-        }
-        if let Some(p) = predictor {
-            restored.scheduler.set_predictor(p);
-        }
-        if let Some(w) = band_weights {
-            restored.scheduler.set_band_weights(Some(&w))?;
-        }
-        if let Some(q) = locality_quantum {
-            restored.scheduler.set_locality_quantum(q)?;
-        }
+        // read after the snapshot, as before (a bad snapshot is the error
+        // first); the cost given is valid, so no check comes between
+        let client_cap = client_cap.map(client_cap_arg).transpose()?;
+        restored.override_config(Overrides {
+            cost,
+            client_cap,
+            predictor,
+            band_weights,
+            locality_quantum,
+        })?;
         let inner = Inner {
             core: restored.interned()?,
             scratch: Scratch::default(),
