@@ -9,6 +9,8 @@ tenants. Figures: bench/README.md (group metrics-cost)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -21,7 +23,7 @@ TENANTS = 1_000
 RUNNING = 256
 
 
-def build(with_metrics: bool) -> tuple[Adapter, list, TenantMetrics | None]:
+def build(with_metrics: bool, running: int = RUNNING) -> tuple[Adapter, list, TenantMetrics | None]:
     metrics = TenantMetrics(CollectorRegistry(), interval=1.0) if with_metrics else None
     adapter = Adapter(
         vtc.Scheduler(M=10**9),
@@ -31,13 +33,13 @@ def build(with_metrics: bool) -> tuple[Adapter, list, TenantMetrics | None]:
     for i in range(TENANTS):
         adapter.arrive(f"r{i}", None, [f"tenant-{i}"], 100)
         adapter.arrive(f"w{i}", None, [f"tenant-{i}"], 100)  # one stays waiting
-    running = []
-    while len(running) < RUNNING:
+    admitted = []
+    while len(admitted) < running:
         t = adapter.requests.head()
         adapter.requests.admit(t, 0)
-        running.append(t)
+        admitted.append(t)
     adapter.step_done()
-    return adapter, [(t, 1) for t in running], metrics
+    return adapter, [(t, 1) for t in admitted], metrics
 
 
 @pytest.mark.parametrize("metrics", ["off", "on"])
@@ -62,3 +64,39 @@ def test_refresh(benchmark, where, tmp_path, monkeypatch):
     adapter.requests.charge(produced)
     benchmark.group = f"metrics-cost: one refresh, {TENANTS} tenants"
     benchmark.pedantic(lambda: metrics.refresh(adapter), rounds=200, iterations=1, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("where", ["registry", "directory"])
+def test_refresh_rotating(benchmark, where, tmp_path, monkeypatch):
+    """One refresh per simulated second while the tenants served rotate: every
+    tenant has a request running, each second 256 of them drawn at random get
+    U[1, 384] tokens, so over the window the tenants are near-equal and the
+    labelled set churns (extra_info: labels changed per refresh)."""
+    if where == "directory":
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    else:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    adapter, produced, metrics = build(True, running=TENANTS)
+    assert metrics is not None
+    rng = random.Random(1)
+    clock = {"now": 0.0}
+    changed: list[int] = []
+
+    def second() -> tuple[tuple, dict]:
+        batch = rng.sample(produced, RUNNING)
+        adapter.requests.charge([(t, rng.randint(1, 384)) for t, _ in batch])
+        clock["now"] += 1.0
+        return (), {}
+
+    def refresh() -> None:
+        before = set(metrics._labelled)
+        metrics.refresh(adapter, clock["now"])
+        changed.append(len(metrics._labelled - before))
+
+    for _ in range(40):  # past the first window (30 s)
+        second()
+        refresh()
+    changed.clear()
+    benchmark.group = f"metrics-cost: one refresh, {TENANTS} tenants rotating"
+    benchmark.pedantic(refresh, setup=second, rounds=200, iterations=1)
+    benchmark.extra_info["labels_changed_per_refresh"] = sum(changed) / len(changed)

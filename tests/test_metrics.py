@@ -139,6 +139,89 @@ def test_cardinality_is_bounded_and_the_rest_is_summed_under_other():
     assert value(registry, "vtc_tenant_counter", tenant=OTHER) is None  # a sum means nothing
 
 
+def labelled(registry) -> set[str]:
+    """The tenants with a series of their own."""
+    return {
+        labels["tenant"]
+        for family in registry.collect()
+        for _, labels, *_ in family.samples
+        if labels.get("tenant", OTHER) != OTHER
+    }
+
+
+def decode_tokens(registry) -> dict[str, float]:
+    return {
+        labels["tenant"]: v
+        for family in registry.collect()
+        for name, labels, v, *_ in family.samples
+        if name == "vtc_tenant_service_tokens_total" and labels["kind"] == "decode"
+    }
+
+
+def increase(registry, before: dict[str, float]) -> float:
+    """What the decode token counters grew by since ``before`` (updated): a series
+    that ends takes its total with it, a new one starts from 0."""
+    after = decode_tokens(registry)
+    grown = sum(v - before.get(t, 0.0) for t, v in after.items())
+    before.clear()
+    before.update(after)
+    return grown
+
+
+def serve(adapter, names):
+    """One running request per tenant of ``names``, by tenant."""
+    running = {}
+    for name in names:
+        t = adapter.arrive(f"{name}-r", None, [name], 1)
+        adapter.requests.admit(t, 0)
+        running[name] = t
+    return running
+
+
+def test_near_equal_tenants_keep_their_labels_and_nothing_is_lost():
+    import random
+
+    rng = random.Random(7)
+    adapter, _, registry, clock = setup(M=10**9, max_tenants=10, window=10.0)
+    names = [f"t{i:02}" for i in range(40)]
+    running = serve(adapter, names)
+    changes, previous, totals = [], None, {}
+    for _ in range(40):  # near-ties: each second's ranking is a new draw
+        produced = [(running[n], rng.randint(95, 105)) for n in names]
+        adapter.requests.charge(produced)
+        clock.now += 1.0
+        adapter.step_done()
+        now = labelled(registry)
+        assert len(now) == 10  # never more than max_tenants
+        if previous is not None:
+            changes.append(len(now - previous))
+        previous = now
+        assert increase(registry, totals) == sum(n for _, n in produced)  # labelled + _other
+    assert sum(changes) == 0, changes
+
+
+def test_a_tenant_that_leaves_the_top_for_good_loses_its_label():
+    adapter, _, registry, clock = setup(M=10**9, max_tenants=2, window=10.0)
+    running = serve(adapter, ["a", "b", "c"])
+    totals: dict[str, float] = {}
+
+    def second(tokens):
+        adapter.requests.charge([(running[n], k) for n, k in tokens.items()])
+        clock.now += 1.0
+        adapter.step_done()
+        assert increase(registry, totals) == sum(tokens.values())
+        assert len(labelled(registry)) == 2
+
+    second({"a": 100, "b": 100, "c": 10})
+    assert labelled(registry) == {"a", "b"}
+    for _ in range(30):  # c is served a little more than a: no swap
+        second({"a": 100, "b": 100, "c": 110})
+        assert labelled(registry) == {"a", "b"}
+    for _ in range(30):  # a is no longer served: once the window forgets it, c takes over
+        second({"b": 100, "c": 100})
+    assert labelled(registry) == {"b", "c"}
+
+
 def test_forgotten_tenants_leave_no_series():
     adapter, _, registry, _ = setup()
     adapter.arrive("a1", None, ["gone"], 10)

@@ -33,7 +33,8 @@ series                               type       meaning
 ===================================  =========  ====================================
 
 Cardinality is bounded: at most ``max_tenants`` tenants get their own ``tenant``
-label, those with the most service over the window (ties: by name); the others
+label, among the most served over the window (ties: by name), kept with
+hysteresis (:data:`LABEL_MARGIN`, :meth:`TenantMetrics._relabel`); the others
 are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
 counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
 ``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
@@ -60,11 +61,17 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
-__all__ = ["OTHER", "TenantMetrics", "jain_index"]
+__all__ = ["LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
 
 OTHER = "_other"
 """The ``tenant`` label of the tenants beyond ``max_tenants``."""
 
+
+#: a tenant outside the labelled set takes the label of a labelled one outside the
+#: top ``max_tenants`` when served more than ``1 + LABEL_MARGIN`` times as much over
+#: the window: tenants served alike keep their labels (a swap ends series and
+#: starts others, and rewrites vtc's multiprocess files)
+LABEL_MARGIN = 1.0
 
 #: ``vtc_sync_seconds`` buckets: loopback syncs take ~0.2 ms, a timeout 100 ms
 SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -361,12 +368,31 @@ class TenantMetrics(Observer):
                 seen[tenant] = (p, d)
 
     def _relabel(self, tenants: set[str], recent: dict[str, float]) -> None:
-        """Give the ``max_tenants`` most served tenants their own series."""
-        if len(tenants) <= self.max_tenants:
+        """Give at most ``max_tenants`` of the most served tenants their own series,
+        with hysteresis: a labelled tenant keeps its label until a tenant outside
+        the labelled set, among the ``max_tenants`` most served, has been served
+        more than ``1 + LABEL_MARGIN`` times as much over the window (near-ties
+        swap no labels); a free label goes to the most served tenant without one."""
+        limit = self.max_tenants
+        kept = self._labelled & tenants
+        if len(tenants) <= limit:
             labelled = tenants
         else:
             ranked = sorted(tenants, key=lambda t: (-recent.get(t, 0.0), t))
-            labelled = set(ranked[: self.max_tenants])
+            top = ranked[:limit]
+            newcomers = [t for t in top if t not in kept]
+            free = limit - len(kept)
+            # the labelled tenants outside the top, least served first
+            out = [t for t in reversed(ranked[limit:]) if t in kept]
+            if free < 0:  # pragma: no cover - max_tenants lowered: drop the least served
+                kept.difference_update(out[:-free])
+                out, free = out[-free:], 0
+            labelled = kept | set(newcomers[:free])
+            for new, old in zip(newcomers[free:], out):
+                if recent.get(new, 0.0) <= recent.get(old, 0.0) * (1.0 + LABEL_MARGIN):
+                    break  # and every later pair: newcomers decrease, the others increase
+                labelled.discard(old)
+                labelled.add(new)
         for tenant in self._labelled - labelled:
             self._remove(tenant)
         self._labelled = labelled
