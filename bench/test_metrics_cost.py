@@ -10,6 +10,7 @@ tenants. Figures: bench/README.md (group metrics-cost)."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -71,7 +72,9 @@ def test_refresh_rotating(benchmark, where, tmp_path, monkeypatch):
     """One refresh per simulated second while the tenants served rotate: every
     tenant has a request running, each second 256 of them drawn at random get
     U[1, 384] tokens, so over the window the tenants are near-equal and the
-    labelled set churns (extra_info: labels changed per refresh)."""
+    labelled set churns (extra_info: labels changed per refresh). The window slides:
+    the simulated seconds follow the metrics' clock, which build()'s first refresh
+    read."""
     if where == "directory":
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     else:
@@ -79,7 +82,7 @@ def test_refresh_rotating(benchmark, where, tmp_path, monkeypatch):
     adapter, produced, metrics = build(True, running=TENANTS)
     assert metrics is not None
     rng = random.Random(1)
-    clock = {"now": 0.0}
+    clock = {"now": time.monotonic()}  # after build()'s refresh, on the metrics' clock
     changed: list[int] = []
 
     def second() -> tuple[tuple, dict]:

@@ -222,6 +222,49 @@ def test_a_tenant_that_leaves_the_top_for_good_loses_its_label():
     assert labelled(registry) == {"b", "c"}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_no_tenant_without_a_label_was_served_twice_as_much_as_one_with_it(seed):
+    import random
+
+    rng = random.Random(seed)
+    adapter, _, registry, clock = setup(M=10**9, max_tenants=5, window=1e6)
+    names = [f"t{i:02}" for i in range(30)]
+    running = serve(adapter, names)
+    adapter.step_done()  # the window's start: every later refresh looks back to it
+    start = adapter.core.services()
+    for _ in range(30):  # a few tenants served much more than the rest, a new few each time
+        hot = set(rng.sample(names, 3))
+        tokens = [(running[n], rng.randint(1, 50 if n in hot else 5)) for n in names]
+        adapter.requests.charge(tokens)
+        clock.now += 1.0
+        adapter.step_done()
+        served = {t: s - start[t] for t, s in adapter.core.services().items()}
+        have = labelled(registry)
+        assert len(have) == 5
+        assert max(served[t] for t in names if t not in have) <= 2 * min(served[t] for t in have)
+
+
+def test_a_tenant_labelled_while_idle_has_every_series_at_once():
+    adapter, _, registry, _ = setup(max_tenants=1, weights={"idle": 2.0})
+    adapter.arrive("x1", None, ["x"], 100)
+    admit_head(adapter)
+    adapter.arrive("i1", None, ["idle"], 10)  # a weight of its own: never forgotten
+    admit_head(adapter)
+    adapter.requests.release("x1", finished=True)
+    adapter.requests.release("i1", finished=True)
+    adapter.step_done()
+    assert labelled(registry) == {"x"}  # the most served
+    adapter.arrive("z1", None, ["z"], 1)
+    admit_head(adapter, cached=1)  # z's counter passes x's (x can be forgotten); no token
+    assert adapter.tenancy.forget_idle() == 1
+    adapter.step_done()  # the free label: to idle (a tie at 0 since, by name), no token
+    assert labelled(registry) == {"idle"}
+    assert value(registry, "vtc_tenant_counter", tenant="idle") == adapter.core.counter("idle")
+    assert value(registry, "vtc_tenant_weight", tenant="idle") == 2.0
+    for state in ("waiting", "running"):
+        assert value(registry, "vtc_tenant_requests", tenant="idle", state=state) == 0
+
+
 def test_forgotten_tenants_leave_no_series():
     adapter, _, registry, _ = setup()
     adapter.arrive("a1", None, ["gone"], 10)

@@ -54,6 +54,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter, mul, sub
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -146,6 +147,18 @@ class _Families:
         )
 
 
+_IDLE = (0, 0)
+_first, _second = itemgetter(0), itemgetter(1)
+
+
+def _by_name(d: dict[Any, Any]) -> dict[str, Any]:
+    """``d`` keyed by tenant name: ``d`` itself when its keys are all ``str`` (the
+    adapter's tenants are; checked in C), else a copy with ``str`` keys."""
+    if set(map(type, d)) <= {str}:
+        return d
+    return {str(k): v for k, v in d.items()}
+
+
 _BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
 
 
@@ -197,7 +210,7 @@ def _silence_removal_warnings() -> None:
 def jain_index(rates: list[float]) -> float:
     """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all are equal,
     ``1/n`` when one gets everything; NaN for no rates or all zero."""
-    square = sum(x * x for x in rates)
+    square = sum(map(mul, rates, rates))
     if not rates or square <= 0.0:
         return math.nan
     return sum(rates) ** 2 / (len(rates) * square)
@@ -254,6 +267,8 @@ class TenantMetrics(Observer):
         self._labelled: set[str] = set()  # tenants with their own series
         # tenant -> {(metric id, *labels): [child, last value set]}
         self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
+        # labelled tenant -> its counter, weight, waiting and running entries of _series
+        self._rows: dict[str, tuple[list[Any], ...]] = {}
         # (time, {tenant: service}, backlogged tenants), a few per window
         self._history: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
 
@@ -289,45 +304,53 @@ class TenantMetrics(Observer):
         self._idle = idle
 
     # -- refresh ------------------------------------------------------------------------
+    # At 1,000 tenants a refresh is a few passes over every tenant: each a dict or set
+    # operation in C, or a comprehension that does little; per-tenant Python work
+    # (series, their values) is for the labelled tenants and the tenants whose token
+    # tallies changed.
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
-        counters = adapter.tenancy.counters()
-        services = adapter.tenancy.services()
-        waiting, running = adapter.requests.by_tenant()
-        self._read_tokens(adapter.core)
-        backlogged = [t for t, n in waiting.items() if n > 0 and t in services]
+        core = adapter.core
+        counters = _by_name(core.counters())
+        services = _by_name(core.services())
+        active = _by_name(core.active_clients())  # tenant -> (waiting, running)
+        backlogged = [t for t, (w, _) in active.items() if w]
 
         history = self._history
         while len(history) > 1 and now - history[1][0] >= self.window:
             history.popleft()
         # the window's start: the last snapshot at least `window` old, else the first
         start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
-        recent = {t: s - before.get(t, 0.0) for t, s in services.items()}
         if not history or now - history[-1][0] >= self.window / 32:  # bounded: ~33 kept
             history.append((now, services, frozenset(backlogged)))
 
-        self._relabel(set(counters) | set(waiting) | set(running), recent)
-        for tenant in list(self._prompt) + list(self._decode) + list(self._preempt):
-            self._fold_into_other(tenant)  # unlabelled tenants' increments: to _other
+        self._relabel(services, before)
+        labelled = self._labelled
+        for tenant in [t for p in (self._prompt, self._decode, self._preempt) for t in p]:
+            self._fold_into_other(tenant)  # read before: by tenant, to _other if unlabelled
+        self._read_tokens(core, labelled)
         self._flush_counters()
 
-        other_w = other_r = 0
-        for tenant in set(waiting) | set(running) | set(self._series):
-            w, r = waiting.get(tenant, 0), running.get(tenant, 0)
-            if tenant in self._labelled:
-                self._set(self.requests, tenant, "waiting", value=w)
-                self._set(self.requests, tenant, "running", value=r)
-            else:
-                other_w, other_r = other_w + w, other_r + r
+        rows, weight = self._rows, adapter.tenancy.weight
+        labelled_w = labelled_r = 0
+        for tenant in labelled:
+            row = rows.get(tenant)
+            if row is None:
+                row = self._row(tenant)
+            w, r = active.get(tenant, _IDLE)
+            labelled_w += w
+            labelled_r += r
+            c = counters.get(tenant)
+            for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
+                if entry[1] != value and value is not None:
+                    entry[0].set(value)
+                    entry[1] = value
+        other_w = sum(map(_first, active.values())) - labelled_w
+        other_r = sum(map(_second, active.values())) - labelled_r
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
-        weight = adapter.tenancy.weight
-        for tenant in self._labelled:
-            if tenant in counters:
-                self._set(self.counter, tenant, value=counters[tenant])
-                self._set(self.weight, tenant, value=weight(tenant))
 
         sharing = getattr(adapter, "sharing", None)
         if sharing is not None:
@@ -335,8 +358,8 @@ class TenantMetrics(Observer):
             while durations:
                 self.sync_seconds.observe(durations.popleft())
             self.sync_degraded.set(1.0 if sharing.shared.degraded else 0.0)
-        self.active.set(len(set(waiting) | set(running)))
-        spread = [counters[t] for t in backlogged if t in counters]
+        self.active.set(len(active))
+        spread = list(map(counters.__getitem__, backlogged))
         self.spread.set(max(spread) - min(spread) if len(spread) > 1 else 0.0)
         config = adapter.config
         if self.budget is None:
@@ -345,57 +368,75 @@ class TenantMetrics(Observer):
             self.bound.set(2.0 * max(config.wp * self._longest, config.wq * self.budget))
         # Jain's index: the tenants backlogged at the window's start and now. The
         # core's services are already per unit of weight: fair shares are equal.
+        # (Services gained, not rates: the index does not change with the scale.)
         if now > start:
-            span = now - start
-            rates = [(services[t] - before[t]) / span for t in backlogged if t in was_backlogged]
-            self.jain.set(jain_index(rates))
+            both = was_backlogged.intersection(backlogged)
+            gained = list(map(sub, map(services.__getitem__, both), map(before.__getitem__, both)))
+            self.jain.set(jain_index(gained))
         self._compact()
 
-    def _read_tokens(self, core: Any) -> None:
+    def _read_tokens(self, core: Any, labelled: set[str] | None = None) -> None:
         """Add what the core's tallies grew by since the last read to the pending
-        increments (a tally that went back started again: a forgotten tenant)."""
+        increments (a tally that went back started again: a forgotten tenant), by
+        tenant, or with ``labelled`` to ``_other`` for the tenants not in it. Only
+        the tallies that changed are looked at (a set difference in C)."""
         seen, prompt, decode = self._seen, self._prompt, self._decode
-        for key, (p, d) in core.tokens().items():
-            tenant = key if isinstance(key, str) else str(key)
+        tokens = _by_name(core.tokens())
+        for tenant, (p, d) in tokens.items() - seen.items():
             p0, d0 = seen.get(tenant, (0, 0))
             if p0 > p or d0 > d:
                 p0 = d0 = 0
+            key = tenant if labelled is None or tenant in labelled else OTHER
             if p > p0:
-                prompt[tenant] = prompt.get(tenant, 0) + p - p0
+                prompt[key] = prompt.get(key, 0) + p - p0
             if d > d0:
-                decode[tenant] = decode.get(tenant, 0) + d - d0
-            if p != p0 or d != d0:
-                seen[tenant] = (p, d)
+                decode[key] = decode.get(key, 0) + d - d0
+            seen[tenant] = (p, d)
 
-    def _relabel(self, tenants: set[str], recent: dict[str, float]) -> None:
-        """Give at most ``max_tenants`` of the most served tenants their own series,
-        with hysteresis: a labelled tenant keeps its label until a tenant outside
-        the labelled set, among the ``max_tenants`` most served, has been served
-        more than ``1 + LABEL_MARGIN`` times as much over the window (near-ties
-        swap no labels); a free label goes to the most served tenant without one."""
-        limit = self.max_tenants
-        kept = self._labelled & tenants
-        if len(tenants) <= limit:
-            labelled = tenants
-        else:
-            ranked = sorted(tenants, key=lambda t: (-recent.get(t, 0.0), t))
-            top = ranked[:limit]
-            newcomers = [t for t in top if t not in kept]
-            free = limit - len(kept)
-            # the labelled tenants outside the top, least served first
-            out = [t for t in reversed(ranked[limit:]) if t in kept]
-            if free < 0:  # pragma: no cover - max_tenants lowered: drop the least served
-                kept.difference_update(out[:-free])
-                out, free = out[-free:], 0
-            labelled = kept | set(newcomers[:free])
-            for new, old in zip(newcomers[free:], out):
-                if recent.get(new, 0.0) <= recent.get(old, 0.0) * (1.0 + LABEL_MARGIN):
-                    break  # and every later pair: newcomers decrease, the others increase
-                labelled.discard(old)
-                labelled.add(new)
-        for tenant in self._labelled - labelled:
+    def _relabel(self, services: dict[str, float], before: dict[str, float]) -> None:
+        """Give at most ``max_tenants`` of the most served tenants (``services`` now
+        less ``before``, the window's start) their own series, with hysteresis: a
+        free label goes to the most served tenant without one (ties: by name); a
+        tenant without a label takes the label of the least served labelled tenant
+        once it was served more than ``1 + LABEL_MARGIN`` times as much. After a
+        refresh with every label taken, no tenant without a label was served more
+        than ``1 + LABEL_MARGIN`` times as much as any tenant with one.
+
+        Per-tenant Python work only for the labelled tenants and the candidates:
+        the tenants above that bar (none, most of the time), every unlabelled one
+        while labels are free."""
+        limit, labelled = self.max_tenants, self._labelled
+        for tenant in [t for t in labelled if t not in services]:  # the core forgot it
             self._remove(tenant)
-        self._labelled = labelled
+            labelled.discard(tenant)
+        if len(services) <= limit:
+            labelled.update(services.keys() - labelled)
+            return
+        # (a tenant forgotten and back within the window: less than at its start)
+        got = {t: max(services[t] - before.get(t, 0.0), 0.0) for t in labelled}
+        while len(got) > limit:  # pragma: no cover - max_tenants lowered: the least served go
+            worst = min(got, key=lambda t: (got[t], t))
+            del got[worst]
+            self._remove(worst)
+            labelled.discard(worst)
+        free = limit - len(got)
+        bar = -math.inf if free or not got else min(got.values()) * (1.0 + LABEL_MARGIN)
+        candidates = sorted(
+            (-v, t)
+            for t, s in services.items()
+            if (v := s - before.get(t, 0.0)) > bar and t not in labelled
+        )
+        if not candidates:
+            return
+        labelled.update(t for _, t in candidates[:free])
+        # the labelled tenants, least served first (ties: the last by name first)
+        incumbents = sorted(got, key=lambda t: (-got[t], t), reverse=True)
+        for (minus, new), old in zip(candidates[free:], incumbents):
+            if -minus <= got[old] * (1.0 + LABEL_MARGIN):
+                break  # and every later pair: candidates decrease, incumbents increase
+            self._remove(old)
+            labelled.discard(old)
+            labelled.add(new)
 
     def _fold_into_other(self, tenant: str) -> None:
         """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""
@@ -428,6 +469,18 @@ class TenantMetrics(Observer):
                 entry = series[key] = [metric.labels(tenant, *labels), None]
         return entry
 
+    def _row(self, tenant: str) -> tuple[list[Any], ...]:
+        """The entries of a labelled tenant's gauges: its counter, weight, waiting
+        and running requests (made at once: a tenant that gains its label has every
+        series at the refresh, an idle one too)."""
+        row = self._rows[tenant] = (
+            self._child(self.counter, tenant),
+            self._child(self.weight, tenant),
+            self._child(self.requests, tenant, "waiting"),
+            self._child(self.requests, tenant, "running"),
+        )
+        return row
+
     def _set(self, metric: Any, tenant: str, *labels: str, value: float) -> None:
         entry = self._child(metric, tenant, *labels)
         if entry[1] != value:
@@ -437,6 +490,7 @@ class TenantMetrics(Observer):
     def _remove(self, tenant: str) -> None:
         """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`)."""
         metrics = {id(m): m for m in self._families.labelled}
+        self._rows.pop(tenant, None)
         for metric_id, *labels in self._series.pop(tenant, {}):
             try:
                 metrics[metric_id].remove(tenant, *labels)
