@@ -613,8 +613,8 @@ def check_series(mset: MetricsSet) -> None:
             key = (engine.tenant_of[request_id], "running" if request_id in running else "waiting")
             want[key] = want.get(key, 0) + 1
         for state in ("waiting", "running"):
-            for tenant in labelled:  # (an idle tenant may have no requests series yet)
-                got = requests.get((tenant, state), 0.0)
+            for tenant in labelled:  # every labelled tenant has both series, idle or not
+                got = requests[(tenant, state)]
                 assert got == want.get((tenant, state), 0), (variant, tenant, state)
             rest = sum(n for (t, s), n in want.items() if s == state and t not in labelled)
             assert requests.get((OTHER, state), 0.0) == rest, (variant, state)
