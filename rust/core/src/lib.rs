@@ -25,6 +25,7 @@ mod error;
 mod heap;
 mod keys;
 pub mod limits;
+mod lookup;
 mod scheduler;
 mod snapshot;
 

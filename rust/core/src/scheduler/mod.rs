@@ -17,7 +17,7 @@
 //! * `request`: the request record and its states, [`Tokens`], the id hasher;
 //! * `slab`: request slots and the id maps, `submit`;
 //! * `select`: heap keys, bands and entities, which request goes next;
-//! * `window`: the locality window and its [`PrefixLookup`];
+//! * `window`: the locality window (it asks a [`PrefixLookup`], `crate::lookup`);
 //! * `lift`: the lift, raised counters, the forget floor;
 //! * `charge`: charging clients and bands, the refund at `settle`;
 //! * `running`: the running set's sums per client and band, `decode_all`;
@@ -28,8 +28,9 @@
 //!
 //! Imports: `crate::config` and `request` import nothing from the
 //! scheduler, and this module imports them; the other child modules hold
-//! `impl Scheduler` blocks and import this one. `window` also defines
-//! [`PrefixLookup`], which this module re-exports: the one two-way `use`.
+//! `impl Scheduler` blocks and import this one. [`PrefixLookup`] lives in
+//! `crate::lookup` (it imports nothing from the scheduler); this module
+//! re-exports it.
 //!
 //! Invariant: the configuration setters change no request, queue or heap
 //! (`set_band_weights` only builds the band shares from the live requests),
@@ -48,8 +49,8 @@ mod slab;
 mod window;
 
 pub use crate::config::{Policy, Predictor};
+pub use crate::lookup::{LookupFailed, PrefixLookup};
 pub use request::{RequestState, Tokens};
-pub use window::{LookupFailed, PrefixLookup};
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};

@@ -18,39 +18,7 @@
 use super::Scheduler;
 use crate::error::{CoreError, Result};
 use crate::heap::Key;
-
-/// A lookup that failed; the implementor keeps its own error (the Python
-/// binding keeps the exception the callable raised) and the core reports
-/// [`CoreError::PrefixLookupFailed`] with the request's id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LookupFailed;
-
-/// The engine's prefix cache, asked on demand: how many tokens of a waiting
-/// request it holds cached now. The core calls it only for candidate heads
-/// of the locality window and stores nothing it returns.
-pub trait PrefixLookup {
-    /// The cached prefix of waiting request `request_id`, which holds
-    /// `footprint` tokens (prompt and generated): an answer above
-    /// `footprint` is an error ([`CoreError::InvalidPrefixHit`]).
-    fn cached_prefix(
-        &mut self,
-        request_id: u64,
-        footprint: u64,
-    ) -> std::result::Result<u64, LookupFailed>;
-}
-
-impl<F> PrefixLookup for F
-where
-    F: FnMut(u64, u64) -> std::result::Result<u64, LookupFailed>,
-{
-    fn cached_prefix(
-        &mut self,
-        request_id: u64,
-        footprint: u64,
-    ) -> std::result::Result<u64, LookupFailed> {
-        self(request_id, footprint)
-    }
-}
+use crate::lookup::{LookupFailed, PrefixLookup};
 
 impl Scheduler {
     /// The entity whose head goes next: plain VTC's `top_entity`, then,
