@@ -57,8 +57,8 @@ impl Scheduler {
     }
 
     /// [`submit_priority`](Self::submit_priority) for the client interned
-    /// under `k`: the request is checked first, so a refused one adds no
-    /// client.
+    /// under `k`: the request is checked once, first, so a refused one adds
+    /// no client; the interned client is live, so nothing after fails.
     #[allow(clippy::too_many_arguments)]
     pub fn submit_keyed(
         &mut self,
@@ -71,7 +71,8 @@ impl Scheduler {
     ) -> Result<()> {
         self.check_submit_full(rid, prompt_len, cached_len, predicted_output)?;
         let c = self.intern(k);
-        self.submit_priority(rid, c, prompt_len, cached_len, predicted_output, priority)
+        self.enqueue_request(rid, c, prompt_len, cached_len, predicted_output, priority);
+        Ok(())
     }
 
     /// [`set_weight`](Self::set_weight) for the client interned under `k`;

@@ -146,12 +146,32 @@ impl Scheduler {
         priority: i64,
     ) -> Result<()> {
         self.check_submit_full(rid, prompt_len, cached_len, predicted_output)?;
+        if !self.clients.get(c.0 as usize).is_some_and(|cl| cl.live) {
+            return Err(CoreError::UnknownClient(c.0));
+        }
+        self.enqueue_request(rid, c, prompt_len, cached_len, predicted_output, priority);
+        Ok(())
+    }
+
+    /// The body of [`submit_priority`](Self::submit_priority), for a request
+    /// its caller has already checked: `check_submit_full` passed for these
+    /// arguments and `c` is live (`submit_keyed` checks, then interns).
+    /// Nothing here fails.
+    pub(super) fn enqueue_request(
+        &mut self,
+        rid: u64,
+        c: ClientId,
+        prompt_len: i64,
+        cached_len: i64,
+        predicted_output: Option<i64>,
+        priority: i64,
+    ) {
+        debug_assert!(self
+            .check_submit_full(rid, prompt_len, cached_len, predicted_output)
+            .is_ok());
         let prompt = prompt_len as u64;
         let k = c.0;
-        if !self.clients.get(k as usize).is_some_and(|cl| cl.live) {
-            return Err(CoreError::UnknownClient(k));
-        }
-        // validated: from here on nothing fails
+        debug_assert!(self.clients.get(k as usize).is_some_and(|cl| cl.live));
         let entity = self.entity_of(k, priority);
         if entity.is_none() && self.policy == Policy::Vtc {
             self.lift(k, priority);
@@ -198,6 +218,5 @@ impl Scheduler {
             let b = self.entities[e as usize].band as usize;
             self.bands[b].heap.push(e, key, &mut self.entities[..]);
         }
-        Ok(())
     }
 }
