@@ -72,6 +72,26 @@ def test_a_quantum_without_a_lookup_says_so() -> None:
     assert ad.prefix_lookup is None and "unused" in ad.describe()
 
 
+def test_an_engine_that_cannot_answer_says_why_once_and_installs_nothing(caplog) -> None:
+    """``unused``: the engine's own reason (its cache is off) is logged with the
+    variable, the lookup in force is removed, and at quantum 0 nothing is said."""
+    ad, asked = adapter(100.0)
+    assert ad.prefix_lookup is not None
+    with caplog.at_level(logging.WARNING):
+        assert ad.set_prefix_lookup(lambda r: 1, unused="the cache is off (--no-cache)") is None
+    assert ad.prefix_lookup is None
+    assert "VTC_LOCALITY_QUANTUM=100 is unused: the cache is off (--no-cache)" in caplog.text
+    assert caplog.text.count("is unused") == 1
+    ta = arrive(ad, "a", "a", Req(40))
+    arrive(ad, "b", "b", Req(40, hit=32))
+    assert ad.requests.head() is ta and asked == []  # plain VTC: nothing asked
+    caplog.clear()
+    plain, _ = adapter(0.0)
+    with caplog.at_level(logging.WARNING):
+        plain.set_prefix_lookup(None, unused="the cache is off")
+    assert "unused" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("hit", "answer"),
     [(7, 7), (-3, 0), (10**9, 40), (True, 0), (2.5, 0), ("12", 0), (None, 0)],

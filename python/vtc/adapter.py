@@ -845,7 +845,11 @@ class Adapter:
         return self.tenancy.config
 
     def set_prefix_lookup(
-        self, cached: Callable[[Any], int] | None, source: str = "the engine's prefix cache"
+        self,
+        cached: Callable[[Any], int] | None,
+        source: str = "the engine's prefix cache",
+        *,
+        unused: str | None = None,
     ) -> PrefixLookup | None:
         """Feed the locality window (``VTC_LOCALITY_QUANTUM``): ``cached(request)``
         says how many leading tokens of a waiting request (the engine's object) the
@@ -853,8 +857,18 @@ class Adapter:
         contract and never lets it raise). Installed on the core only with a
         quantum above 0 (at 0 the core never asks, and nothing is installed);
         ``None`` removes it (plain VTC). ``source`` names it in :meth:`describe`.
-        Returns the installed lookup, or None."""
-        if cached is None or self.config.locality_quantum <= 0.0:
+        ``unused``: why the engine cannot answer (its prefix cache is off, say):
+        nothing is installed, and with a quantum above 0 a warning names the
+        variable as unused for that reason, so each engine shell keeps only its own
+        check. Returns the installed lookup, or None."""
+        q = self.config.locality_quantum
+        if cached is None or unused is not None or q <= 0.0:
+            if unused is not None and q > 0.0:
+                self._log.warning(
+                    "VTC: VTC_LOCALITY_QUANTUM=%g is unused: %s; VTC orders by counter alone",
+                    q,
+                    unused,
+                )
             self.core.set_prefix_lookup(None)
             self.prefix_lookup = None
             return None

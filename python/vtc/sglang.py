@@ -178,8 +178,7 @@ class VtcState:
         off (``--disable-radix-cache``: nothing is ever cached, so the window would
         only reorder on zeros) or this SGLang lacks the calls :func:`cached_prefix`
         makes: the core then schedules plain VTC. Whether it was installed."""
-        q = self.config.locality_quantum
-        if q <= 0.0:
+        if self.config.locality_quantum <= 0.0:
             return False
         tree_cache = getattr(scheduler, "tree_cache", None)
         why = None
@@ -191,17 +190,13 @@ class VtcState:
             except ImportError as e:
                 why = f"this SGLang lacks the prefix-match calls vtc uses ({e})"
         if why is not None:
-            logger.warning(
-                "vtc: VTC_LOCALITY_QUANTUM=%g is unused: %s; VTC orders by counter alone", q, why
-            )
-            self.adapter.set_prefix_lookup(None)
+            self.adapter.set_prefix_lookup(None, unused=why)
             return False
 
         def cached(req: _Req) -> int:
             return cached_prefix(scheduler.tree_cache, req)
 
-        self.adapter.set_prefix_lookup(cached, source="SGLang's radix cache")
-        return True
+        return self.adapter.set_prefix_lookup(cached, source="SGLang's radix cache") is not None
 
     def drop(self, req: _Req) -> None:
         """``req`` left SGLang (aborted, rejected): release it from the core."""

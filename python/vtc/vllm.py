@@ -315,23 +315,17 @@ class _VTCMixin:
         installed, and logged, with prefix caching off (nothing is ever cached, so
         the window would only reorder on zeros): the core then schedules plain
         VTC. Whether it was installed."""
-        q = self.vtc_config.locality_quantum
-        if q <= 0.0:
+        if self.vtc_config.locality_quantum <= 0.0:
             return False
         if not getattr(self.cache_config, "enable_prefix_caching", False):
-            logger.warning(
-                "VTC_LOCALITY_QUANTUM=%g is unused: vLLM's prefix caching is off "
-                "(--no-enable-prefix-caching); VTC orders by counter alone",
-                q,
-            )
-            self.vtc_adapter.set_prefix_lookup(None)
+            off = "vLLM's prefix caching is off (--no-enable-prefix-caching)"
+            self.vtc_adapter.set_prefix_lookup(None, unused=off)
             return False
 
         def cached(request: Request) -> int:
             return cached_prompt_tokens(self.kv_cache_manager, request)
 
-        self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache")
-        return True
+        return self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache") is not None
 
     def _vtc_tenant(self, request: Request) -> str:
         """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
