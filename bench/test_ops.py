@@ -11,6 +11,9 @@ batch; prompts are 256 tokens so that the budget admits a known batch.
 * ``finish``: the oldest running request (set-up admits one first).
 * ``decode``: ``decode(ids, 1)`` for a batch of B running requests given as
   a numpy int64 array; the B requests belong to min(B, C) distinct clients.
+* ``decode_lists``: ``decode(ids, tokens)`` with the ids as the Python list an
+  engine holds, and tokens either ``1`` or a list of ones (C = 1,000), in the
+  same group as ``decode`` (numpy) and ``decode_all``.
 * ``decode_all``: ``decode_all(1)``, the same charges with no ids (the uniform
   step), in the same group as ``decode`` so the two are side by side.
 """
@@ -122,6 +125,20 @@ def test_decode(benchmark, C, B):
     benchmark.group = f"decode B={B}"
     benchmark.extra_info["distinct_clients"] = min(B, C)
     benchmark.pedantic(s.decode, args=(ids, 1), rounds=3_000, iterations=1, warmup_rounds=10)
+
+
+@pytest.mark.parametrize("tokens", ["int", "list"])
+@pytest.mark.parametrize("B", BS)
+def test_decode_lists(benchmark, B, tokens):
+    C = 1_000
+    _cache.clear()
+    st = State(C, B, per_client=max(2, -(-2 * B // C)))
+    ids = sorted(st.running)
+    toks = 1 if tokens == "int" else [1] * B
+    s = st.s
+    benchmark.group = f"decode B={B}"
+    benchmark.extra_info["distinct_clients"] = min(B, C)
+    benchmark.pedantic(s.decode, args=(ids, toks), rounds=3_000, iterations=1, warmup_rounds=10)
 
 
 @pytest.mark.parametrize("B", BS)

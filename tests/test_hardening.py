@@ -449,6 +449,72 @@ def test_an_exception_inside_index_propagates(cls):
     assert s.running() == [0]
 
 
+def running_four(cls):
+    s = cls(100)
+    for i in range(4):
+        s.submit(i, "abcd"[i], 5)
+    assert sorted(s.schedule()) == [0, 1, 2, 3]
+    return s
+
+
+def mutated_decode(cls, change):
+    """``decode`` on four running requests of a list whose second item changes
+    the list from its ``__index__``: the outcome and what each was charged."""
+    s = running_four(cls)
+    ids: list = []
+
+    class Mutate:
+        def __index__(self):
+            if change == "shrink":
+                ids.pop()
+            elif change == "grow":
+                ids.append(3)
+            else:
+                ids.clear()
+            return 1
+
+    ids.extend([0, Mutate(), 2] + ([3] if change == "shrink" else []))
+    return outcome(lambda: s.decode(ids, 2)), [s.generated(i) for i in range(4)]
+
+
+@pytest.mark.parametrize("change", ["shrink", "grow", "clear"])
+def test_a_list_changed_by_index_while_read_is_read_as_it_was_at_the_call(change):
+    """The ids list is read as it is at the call, whatever an item's
+    ``__index__`` does to it: the core and the reference charge the same
+    requests."""
+    core, reference = (mutated_decode(cls, change) for cls in BOTH)
+    assert core == reference
+    expected = {"shrink": [2, 2, 2, 2], "grow": [2, 2, 2, 0], "clear": [2, 2, 2, 0]}
+    assert core[1] == expected[change]
+
+
+def decode_items(cls, items, tokens):
+    s = running_four(cls)
+    return outcome(lambda: s.decode(list(items), tokens)), [s.generated(i) for i in range(4)]
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [0, 1, 2**63, 3],  # an id above i64 (read through the general path)
+        [0, 1, 2**64, 3],  # out of range
+        [0, -1, 2, 3],
+        [0, True, 2, 3],  # bool: not an id
+        [0, 1.0, 2, 3],
+        [0, np.int64(1), np.uint8(2), 3],
+        [0, 1, 2, 2],  # a duplicate
+        [0, 1, 2, 7],  # not running
+        [3, 2, 1, 0],
+    ],
+)
+@pytest.mark.parametrize("tokens", [1, [1, 2, 3, 4], [1, 2**63, 3, 4], [1, True, 3, 4]])
+def test_list_ids_of_every_kind_read_as_the_reference_reads_them(items, tokens):
+    """Exact ints are read in place; every other item takes the general path:
+    the outcome and the charges are the reference's."""
+    core, reference = (decode_items(cls, items, tokens) for cls in BOTH)
+    assert core == reference
+
+
 def test_a_reentrant_call_inside_index_raises_its_own_error():
     s = one_running()
 

@@ -331,15 +331,49 @@ impl Read {
         self.len += 1;
     }
 
+    /// The items of an exact list as it is at the call (as `vtc.reference`
+    /// reads it: a copy, then each item converted). The common item, an
+    /// exact int that fits in i64, is read in place: borrowed from the list
+    /// and converted by `PyLong_AsLongLongAndOverflow`, which runs no Python
+    /// code and cannot fail for an exact int (an overflow is reported, not
+    /// raised), so no reference count or error check per item. At the first
+    /// other item, whose `__index__` may run Python code that changes the
+    /// list, the items left are copied (references of our own) and read
+    /// through [`push`](Self::push).
+    fn read_list(&mut self, what: &str, list: &Bound<'_, PyList>) {
+        let n = list.len();
+        for i in 0..n {
+            // SAFETY: the GIL is held, `i` is below the list's length and no
+            // Python code has run since it was read, so the item exists; the
+            // borrowed pointer is only read before any Python code can run.
+            let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
+            if !p.is_null() && unsafe { pyo3::ffi::PyLong_CheckExact(p) } != 0 {
+                let mut overflow: std::os::raw::c_int = 0;
+                // SAFETY: `p` is a live exact int (above)
+                let v = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
+                if overflow == 0 {
+                    self.vals.push(i128::from(v));
+                    self.len += 1;
+                    continue;
+                }
+            }
+            // the items left, held before any of them runs Python code
+            let rest: Vec<Bound<'_, PyAny>> =
+                (i..n).filter_map(|j| list.get_item(j).ok()).collect();
+            for item in &rest {
+                self.push(what, item);
+            }
+            return;
+        }
+    }
+
     /// Read `obj`: a list or tuple whole, any other iterable up to `limit`
     /// items. An exception raised by the iterator itself propagates.
     pub(crate) fn new(what: &str, obj: &Bound<'_, PyAny>, limit: usize) -> Result<Self> {
         let mut r = Read::empty();
         if let Ok(list) = obj.cast_exact::<PyList>() {
             r.vals.reserve(list.len()); // a list's length is its real one
-            for item in list.iter() {
-                r.push(what, &item);
-            }
+            r.read_list(what, list);
             return Ok(r);
         }
         if let Ok(t) = obj.cast_exact::<PyTuple>() {
