@@ -12,6 +12,7 @@ workloads on top of it.
 """
 
 from vtc._core import (
+    CHANGE_READERS,
     MAX_BUDGET,
     MAX_TOKENS_PER_CALL,
     SNAPSHOT_VERSION,
@@ -39,6 +40,7 @@ __all__ = [
     "MAX_BUDGET",
     "MAX_TOKENS_PER_CALL",
     "SNAPSHOT_VERSION",
+    "CHANGE_READERS",
     "POLICIES",
     "CapacityError",
     "ContextCost",

@@ -18,6 +18,7 @@ MIN_WEIGHT: float  # the smallest client weight (1e-6)
 MAX_WEIGHT: float  # the largest client weight (1e6)
 MAX_COUNTER: float  # the largest magnitude raise_counter accepts (1e30)
 SNAPSHOT_VERSION: int  # the format snapshot() writes (2); from_snapshot also reads 1
+CHANGE_READERS: int  # reader slots of Scheduler.changes (4): independent cursors
 
 def key_id(key: Hashable, /) -> int:
     """The request id ``decode_outputs(..., missing="hash")`` gives ``key``:
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_WEIGHT",
     "MAX_COUNTER",
     "SNAPSHOT_VERSION",
+    "CHANGE_READERS",
 ]
 
 _ClientKey = int | str
@@ -414,6 +416,40 @@ class Scheduler:
         """Tokens a live request has generated so far."""
     def running(self) -> list[int]:
         """Running request ids, oldest admission first."""
+    def changes(
+        self, reader: int | None = None
+    ) -> tuple[
+        bool,
+        dict[_ClientKey, tuple[float, float, int, int, int, int]],
+        list[_ClientKey],
+    ]:
+        """The clients changed since this ``reader``'s last call: ``(full, changed,
+        gone)``, for a reader that mirrors every client (metrics, a sync) without
+        reading them all each time.
+
+        ``changed``: key -> ``(counter, service, prompt tokens, decode tokens,
+        waiting, running)`` (``counters()``, ``services()``, ``tokens()`` and
+        ``active_clients()``'s values; ``(0, 0)`` requests for an idle client) of every
+        client charged, lifted or raised (``raise_counter(s)``), or whose waiting,
+        set-aside or running requests changed (submit, admission, preemption, finish,
+        cancel, ``set_aside``, ``put_back``), whose weight was set (``set_weight``), or
+        new. ``gone``: the keys
+        ``forget_idle`` forgot since; apply them before ``changed`` (a key forgotten
+        and back is in both). ``full``: the reader's first call (a new scheduler, one
+        restored by ``from_snapshot``, or after ``reset_changes``): ``changed`` holds
+        every client, and the reader drops what it had. Applying each result to the
+        last gives ``changed`` of a full read.
+
+        ``reader`` (default 0): one of ``CHANGE_READERS`` slots, each its own cursor
+        (independent readers take different slots). O(changed clients); marking a
+        change costs the engine's calls nothing while no reader has read, a byte
+        compare once one has. A reader that stops reading should call
+        ``reset_changes``: its list grows to at most one entry per client (plus the
+        forgotten keys). A reader outside ``[0, CHANGE_READERS)``:
+        ``InvalidArgumentError``; not an int: ``TypeError``.
+        """
+    def reset_changes(self, reader: int | None = None) -> None:
+        """Drop ``reader``'s pending changes; its next ``changes`` is a full read."""
     def forget_idle(self) -> int:
         """Forget idle clients whose state can no longer influence any decision.
 

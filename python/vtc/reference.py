@@ -183,7 +183,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vtc._core import MAX_TOKENS_PER_CALL
+from vtc._core import CHANGE_READERS, MAX_TOKENS_PER_CALL
 from vtc.errors import (
     CapacityError,
     DuplicateRequestError,
@@ -379,6 +379,21 @@ def _check_client(client):
     return client
 
 
+def _check_reader(reader) -> int:
+    """A ``changes`` reader slot: an int in ``[0, CHANGE_READERS)`` (None: 0)."""
+    if reader is None:
+        return 0
+    try:
+        r = operator.index(reader)
+    except TypeError:
+        raise TypeError(
+            f"reader must be an int, got {reader!r} of type {type(reader).__name__}"
+        ) from None
+    if not 0 <= r < CHANGE_READERS:
+        raise InvalidArgumentError(f"reader must be an int in [0, {CHANGE_READERS}), got {r}")
+    return r
+
+
 def _check_band_weights(band_weights) -> dict | None:
     """``None`` (strict bands) or a mapping of priority to weight, copied."""
     if band_weights is None:
@@ -477,6 +492,7 @@ class Scheduler:
         self._clients: dict[object, _Client] = {}
         self._requests: dict[int, _Request] = {}
         self._running: list[int] = []
+        self._readers: dict[int, dict] = {}  # changes(): each reader's last read
         self._seq = 0
         self._admit_seq = 0
         self._last_left = None
@@ -1096,6 +1112,27 @@ class Scheduler:
 
     def tokens(self) -> dict:
         return {k: (c.prompt_tokens, c.decode_tokens) for k, c in self._clients.items()}
+
+    def changes(self, reader=None) -> tuple[bool, dict, list]:
+        """``vtc._core.Scheduler.changes`` the plain way: each reader's last read of
+        every client against a fresh one (O(clients)). Lists only the clients whose
+        values differ (the core also lists a client changed and back, or charged
+        nothing) and, the reference forgetting no client, no ``gone``."""
+        r = _check_reader(reader)
+        active = self.active_clients()
+        now = {
+            k: (c.counter, c.service, c.prompt_tokens, c.decode_tokens, *active.get(k, (0, 0)))
+            for k, c in self._clients.items()
+        }
+        last = self._readers.get(r)
+        self._readers[r] = now
+        if last is None:
+            return True, dict(now), []
+        gone = [k for k in last if k not in now]
+        return False, {k: v for k, v in now.items() if last.get(k) != v}, gone
+
+    def reset_changes(self, reader=None) -> None:
+        self._readers.pop(_check_reader(reader), None)
 
     def client_tokens(self, client) -> tuple[int, int]:
         c = self._clients.get(_check_client(client))

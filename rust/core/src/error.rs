@@ -46,6 +46,8 @@ pub enum CoreError {
     InvalidBudget(i64),
     /// A per-client cap must be at least one token.
     InvalidClientCap(i64),
+    /// A change reader must be below `READERS` (see `Scheduler::changes`).
+    InvalidReader(usize),
     /// A token price (`wp`, `wq`, a cost coefficient) must be in `0..=MAX_PRICE`.
     InvalidTokenWeight { name: &'static str, value: f64 },
     /// A counter value must be finite, at most `MAX_COUNTER` in magnitude.
@@ -118,6 +120,11 @@ impl fmt::Display for CoreError {
             InvalidBudget(m) => write!(
                 f,
                 "M must be a number of tokens in [1, 2**53], got {m}"
+            ),
+            InvalidReader(r) => write!(
+                f,
+                "reader must be an int in [0, {}), got {r}",
+                crate::scheduler::READERS
             ),
             InvalidClientCap(c) => write!(
                 f,

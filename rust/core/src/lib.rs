@@ -37,6 +37,6 @@ pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
 pub use keys::{str_key_ok, ClientKey, KeyRef};
 pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
 pub use scheduler::{
-    LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens,
+    Gone, LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens, READERS,
 };
 pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

@@ -181,6 +181,43 @@ fn active_clients_allocates_nothing() {
 }
 
 #[test]
+fn decode_and_change_reads_allocate_nothing_with_readers_active() {
+    // Two change readers (metrics, a sync): once their lists and the caller's
+    // buffers have grown, marking the charged clients in decode and reading
+    // the changes allocate nothing.
+    for (clients, per_client, budget) in [(8, 200, 20_000), (2_000, 2, 200_000)] {
+        let (mut s, running) = loaded(
+            Cost::Linear { wp: 1.0, wq: 2.0 },
+            clients,
+            per_client,
+            budget,
+        );
+        let (mut changed, mut gone) = (Vec::new(), Vec::new());
+        for reader in [0, 2] {
+            assert!(s.changes(reader, &mut changed, &mut gone).unwrap());
+        }
+        s.decode(&running, Tokens::Each(1)).unwrap();
+        for reader in [0, 2] {
+            changed.clear();
+            assert!(!s.changes(reader, &mut changed, &mut gone).unwrap());
+        }
+        for step in 0..50 {
+            let n = allocations_in(|| {
+                s.decode(&running, Tokens::Each(1)).unwrap();
+                s.decode_all(2).unwrap();
+                for reader in [0, 2] {
+                    changed.clear();
+                    s.changes(reader, &mut changed, &mut gone).unwrap();
+                }
+            });
+            assert_eq!(n, 0, "{clients} clients: {n} allocations at step {step}");
+            assert!(!changed.is_empty() && gone.is_empty());
+        }
+        s.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn the_counter_sees_allocations() {
     // The check above would pass vacuously if the allocator were not counting.
     let n = allocations_in(|| {

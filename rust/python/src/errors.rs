@@ -121,6 +121,7 @@ pub fn kind_of(e: &CoreError) -> Kind {
     match e {
         InvalidBudget(_)
         | InvalidClientCap(_)
+        | InvalidReader(_)
         | InvalidPrediction(_)
         | UnknownPredictor(_)
         | InvalidTokenWeight { .. }

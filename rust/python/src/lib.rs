@@ -483,6 +483,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(ty.name()?.to_string().as_str(), ty)?;
     }
     m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
+    m.add("CHANGE_READERS", vtc_core::READERS)?;
     m.add("MAX_BUDGET", vtc_core::MAX_BUDGET)?;
     m.add("MAX_REQUEST_TOKENS", vtc_core::MAX_REQUEST_TOKENS)?;
     m.add("MAX_PRICE", vtc_core::limits::MAX_PRICE)?;

@@ -6,10 +6,10 @@ use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
 use vtc_core::{ClientKey, Overrides, Predictor, RequestState};
 
 use crate::convert::{
-    band_weights_arg, client_cap_arg, float_arg, request_id_arg, rid_of, type_error, Ints,
+    band_weights_arg, client_cap_arg, float_arg, int_arg, request_id_arg, rid_of, type_error, Ints,
 };
 use crate::costs::cost_arg;
-use crate::errors::{Error, Result};
+use crate::errors::{invalid, Error, Result};
 use crate::keys::{key_dict, key_to_py};
 use crate::{Given, Inner, PyScheduler, Scratch};
 
@@ -113,6 +113,63 @@ impl PyScheduler {
         key_dict(py, values)
     }
 
+    /// The clients changed since reader `reader`'s last call: `(full,
+    /// changed, gone)`, `changed` a dict of key -> `(counter, service,
+    /// prompt tokens, decode tokens, waiting, running)` (waiting counts
+    /// set-aside requests, as `active_clients`), `gone` the keys forgotten
+    /// since (apply them first). `full`: the reader's first call (or after
+    /// `reset_changes`, or on a scheduler restored from a snapshot): every
+    /// client is in `changed`. See `vtc/_core.pyi`.
+    #[pyo3(signature = (reader = None))]
+    fn changes<'py>(
+        &self,
+        py: Python<'py>,
+        reader: Option<&Bound<'py, PyAny>>,
+    ) -> Result<(bool, Bound<'py, PyDict>, Bound<'py, PyList>)> {
+        let r = reader_arg(reader)?;
+        type Row = (f64, f64, u64, u64, usize, usize);
+        let (full, rows, gone): (bool, Vec<(ClientKey, Row)>, Vec<ClientKey>) = {
+            let mut g = self.lock(py)?;
+            let mut changed = Vec::new();
+            let mut gone = Vec::new();
+            let full = g.core.changes(r, &mut changed, &mut gone)?;
+            let core = &g.core;
+            let rows = changed
+                .iter()
+                .filter_map(|&c| {
+                    let cl = core.client(c).ok()?;
+                    let key = core.key(c)?.clone();
+                    let row = (
+                        cl.counter(),
+                        cl.service(),
+                        cl.prompt_tokens(),
+                        cl.decode_tokens(),
+                        cl.num_waiting() + cl.num_aside(),
+                        cl.num_running(),
+                    );
+                    Some((key, row))
+                })
+                .collect();
+            (
+                full,
+                rows,
+                gone.into_iter().filter_map(|(_, k)| k).collect(),
+            )
+        };
+        let list = PyList::empty(py);
+        for k in &gone {
+            list.append(key_to_py(py, k)?)?;
+        }
+        Ok((full, key_dict(py, rows)?, list))
+    }
+
+    /// Make reader `reader` start again: its next `changes` is a full read.
+    #[pyo3(signature = (reader = None))]
+    fn reset_changes(&self, py: Python<'_>, reader: Option<&Bound<'_, PyAny>>) -> Result<()> {
+        let r = reader_arg(reader)?;
+        Ok(self.lock(py)?.core.reset_changes(r)?)
+    }
+
     /// Forget idle clients whose state can no longer influence a decision;
     /// returns how many were forgotten.
     fn forget_idle(&self, py: Python<'_>) -> Result<usize> {
@@ -209,4 +266,19 @@ impl PyScheduler {
             .map_err(|m| Error::Py(pyo3::exceptions::PyAssertionError::new_err(m)))?;
         Ok(())
     }
+}
+
+/// A change reader slot: an int in `[0, READERS)`.
+fn reader_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<usize> {
+    let Some(obj) = obj else { return Ok(0) };
+    let v = int_arg("reader", obj)?;
+    usize::try_from(v)
+        .ok()
+        .filter(|&r| r < vtc_core::READERS)
+        .ok_or_else(|| {
+            invalid(format!(
+                "reader must be an int in [0, {}), got {v}",
+                vtc_core::READERS
+            ))
+        })
 }

@@ -31,6 +31,7 @@ impl Scheduler {
         }
         cl.counter += amount;
         cl.service += amount;
+        self.changes.touch(c);
     }
 
     /// Charge every touched client its pending decode tokens and re-key it.

@@ -95,6 +95,7 @@ impl Scheduler {
         cl.occupancy += u128::from(fp);
         cl.n_waiting -= 1;
         cl.n_running += 1;
+        self.changes.touch(c);
         self.start_running(entry.slot);
         self.entities[e as usize].n_waiting -= 1;
         if self.waiting_left(c, e) || charge.is_some() {
@@ -300,9 +301,11 @@ impl Scheduler {
         self.running_index.remove(&r.rid);
         let fp = r.footprint(self.uniform); // stopped: the plain count
         self.occupancy -= u128::from(fp);
-        let cl = &mut self.clients[r.client as usize];
+        let c = r.client;
+        let cl = &mut self.clients[c as usize];
         cl.n_running -= 1;
         cl.occupancy -= u128::from(fp);
+        self.changes.touch(c);
     }
 
     pub(super) fn preempt_slot(&mut self, s: u32) {
@@ -331,6 +334,7 @@ impl Scheduler {
             self.n_backlogged += 1;
         }
         cl.n_waiting += 1;
+        self.changes.touch(c);
         self.num_waiting += 1;
         let key = self.key_of(e);
         let b = self.entities[e as usize].band as usize;
@@ -396,6 +400,7 @@ impl Scheduler {
         let cl = &mut self.clients[c as usize];
         cl.n_waiting -= 1;
         cl.n_aside += 1;
+        self.changes.touch(c);
         self.entities[e as usize].n_waiting -= 1;
         if self.waiting_left(c, e) {
             self.adjust_entity(e);
@@ -453,6 +458,7 @@ impl Scheduler {
                 self.free_slot(s);
                 self.num_waiting -= 1;
                 self.clients[c as usize].n_waiting -= 1;
+                self.changes.touch(c);
                 self.entities[e as usize].n_waiting -= 1;
                 // not the head: the live head stays, nothing to re-key
                 debug_assert!(was_head || self.entities[e as usize].n_waiting > 0);
@@ -464,6 +470,7 @@ impl Scheduler {
                 self.settle(s, false);
                 let c = self.requests[s as usize].client;
                 self.clients[c as usize].n_aside -= 1;
+                self.changes.touch(c);
                 self.free_slot(s);
             }
             Slot::Free => unreachable!("indexed request {rid} in a free slot"),

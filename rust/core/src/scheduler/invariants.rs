@@ -130,6 +130,7 @@ impl Scheduler {
         self.check_shares()?;
         self.check_running_sums()?;
         self.check_keys()?;
+        self.check_changes()?;
         let mut occ = 0u128;
         let mut prev = 0u64;
         for &s in &self.running {

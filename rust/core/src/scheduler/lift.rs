@@ -62,6 +62,7 @@ impl Scheduler {
             return false;
         }
         cl.counter = value;
+        self.changes.touch(c);
         if self.policy != Policy::Fcfs {
             self.adjust(c);
         }
@@ -141,6 +142,8 @@ impl Scheduler {
                 if let Some(m) = means.get_mut(i) {
                     *m = None;
                 }
+                self.changes
+                    .forget(i as u32, self.keys.key(ClientId(i as u32)));
                 self.free_clients.push(i as u32);
                 out.push(ClientId(i as u32));
             }
@@ -262,6 +265,7 @@ impl Scheduler {
         } else if floor > cl.counter {
             cl.counter = floor;
         }
+        self.changes.touch(k);
         // k may wait in other bands: its keys there follow its counter.
         self.adjust(k);
     }

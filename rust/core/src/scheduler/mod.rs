@@ -24,6 +24,7 @@
 //! * `engine`: the engine-mode calls (`pop`, `decode`, `preempt`, `finish`, ...);
 //! * `batch`: the built-in batch loop (`schedule`, `decode_step`);
 //! * `keyed`: clients by the caller's key (`intern`, `client_of`, `key`);
+//! * `changes`: which clients changed since a reader's last read (`changes`);
 //! * `invariants`: `check_invariants`.
 //!
 //! Imports: `crate::config` and `request` import nothing from the
@@ -37,6 +38,7 @@
 //! and the views change nothing.
 
 mod batch;
+mod changes;
 mod charge;
 mod engine;
 mod invariants;
@@ -50,6 +52,7 @@ mod window;
 
 pub use crate::config::{Policy, Predictor};
 pub use crate::lookup::{LookupFailed, PrefixLookup};
+pub use changes::{Gone, READERS};
 pub use request::{RequestState, Tokens};
 
 use crate::band::{Band, Entity, Share, Shares};
@@ -132,6 +135,8 @@ pub struct Scheduler {
     window: Vec<u32>,
     /// The caller's key of each client (see `keyed`).
     keys: ClientKeys,
+    /// The change readers' cursors (see `changes`).
+    changes: changes::Changes,
 }
 
 impl Scheduler {
@@ -221,6 +226,7 @@ impl Scheduler {
             locality_quantum: 0.0,
             window: Vec::new(),
             keys: ClientKeys::default(),
+            changes: changes::Changes::default(),
         }
     }
 
@@ -439,6 +445,7 @@ impl Scheduler {
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
         cl.credit = credit;
+        self.changes.touch(c.0);
         if let Some(m) = mean {
             if self.means.len() <= c.0 as usize {
                 self.means.resize(self.clients.len(), None);
@@ -463,11 +470,13 @@ impl Scheduler {
             if let Some(m) = self.means.get_mut(id as usize) {
                 *m = None;
             }
+            self.changes.touch(id);
             return ClientId(id);
         }
         let id = u32::try_from(self.clients.len()).expect("more than 2^32 clients");
         assert!(id != NOT_IN_HEAP, "client id space exhausted");
         self.clients.push(Client::default());
+        self.changes.touch(id);
         ClientId(id)
     }
 
@@ -483,6 +492,7 @@ impl Scheduler {
             .ok_or(CoreError::UnknownClient(c.0))?;
         cl.weight = weight;
         cl.inv_w = 1.0 / weight;
+        self.changes.touch(c.0);
         Ok(())
     }
 

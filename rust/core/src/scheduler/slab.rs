@@ -211,6 +211,7 @@ impl Scheduler {
             self.n_backlogged += 1;
         }
         cl.n_waiting += 1;
+        self.changes.touch(k);
         self.num_waiting += 1;
         if entity.is_none() {
             self.entities[e as usize].head_seq = seq;
