@@ -403,3 +403,55 @@ def test_tokens_come_from_the_core_and_survive_a_forget_between_refreshes():
     assert "gone" not in decode and decode[OTHER] == 4  # nothing lost
     prompt = value(registry, "vtc_tenant_service_tokens_total", tenant="stays", kind="prompt")
     assert prompt == 10
+
+
+def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
+    """A refresh reads the core's changes (Scheduler.changes), not every tenant: its
+    per-tenant work (here the weight look-ups of the labelled tenants' gauges) is
+    for the tenants that changed, and its mirror stays the core's full read, through
+    forgetting, a forgotten tenant's return and a new core."""
+    adapter, metrics, registry, clock = setup(max_tenants=10)
+    for i in range(40):
+        adapter.arrive(f"r{i}", None, [f"t{i}"], 10)
+    running = {}
+    for _ in range(40):
+        t = admit_head(adapter)
+        running[t.tenant] = t
+    adapter.step_done()
+    looked_up: list[str] = []
+    weight = adapter.tenancy.weight
+
+    def counting(tenant: str) -> float:
+        looked_up.append(tenant)
+        return weight(tenant)
+
+    adapter.tenancy.weight = counting  # type: ignore[method-assign]
+    clock.now += 1.0
+    adapter.step_done()
+    assert looked_up == []  # nothing changed
+    labelled = sorted(metrics._labelled)
+    adapter.requests.charge([(running[labelled[0]], 3)])
+    clock.now += 1.0
+    adapter.step_done()
+    assert looked_up == [labelled[0]]
+    decode = value(registry, "vtc_tenant_service_tokens_total", tenant=labelled[0], kind="decode")
+    assert decode == 3
+
+    def mirrored() -> None:
+        core = adapter.core
+        assert metrics._counters == core.counters()
+        assert metrics._services == core.services()
+        assert metrics._active == core.active_clients()
+        assert metrics._backlogged == {t for t, (w, _) in core.active_clients().items() if w}
+
+    mirrored()
+    for t in running.values():
+        adapter.requests.release(t.key, finished=True)
+    adapter.step_done()
+    assert adapter.tenancy.forget_idle() > 0
+    forgotten = sorted(running.keys() - adapter.core.counters().keys())
+    assert forgotten and metrics._counters.keys().isdisjoint(forgotten)
+    adapter.arrive("back", None, [forgotten[0]], 10)  # forgotten, and back
+    clock.now += 1.0
+    adapter.step_done()
+    mirrored()

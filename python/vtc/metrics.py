@@ -2,10 +2,11 @@
 
 :class:`TenantMetrics` is a :class:`vtc.observer.Observer`: after every step it
 refreshes the series if ``interval`` seconds have passed. Between refreshes a
-step costs nothing but a clock read: token counts are the core's own tallies
-(``Scheduler.tokens``), read at a refresh with the counters, services and
-request states (and before the core forgets tenants, whose tallies go with
-them); the adapter tells it only of admissions and preemptions.
+step costs nothing but a clock read. A refresh reads only the tenants that changed
+since the last one (``Scheduler.changes``, reader slot :data:`CHANGES_READER`: their
+counters, services, token tallies and request counts, and the tenants forgotten),
+into a mirror of every tenant kept here, and before the core forgets tenants (whose
+tallies go with them); the adapter tells it only of admissions and preemptions.
 
 ===================================  =========  ====================================
 series                               type       meaning
@@ -54,6 +55,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from itertools import compress, repeat
 from operator import itemgetter, mul, sub
 from typing import Any
 
@@ -62,7 +64,11 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
-__all__ = ["LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
+__all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
+
+#: the reader slot of ``Scheduler.changes`` the metrics use (one TenantMetrics per
+#: core: a new one starts the slot again); the other slots are for other readers
+CHANGES_READER = 0
 
 OTHER = "_other"
 """The ``tenant`` label of the tenants beyond ``max_tenants``."""
@@ -264,6 +270,14 @@ class TenantMetrics(Observer):
         self._decode: dict[str, int] = {}
         self._preempt: dict[str, int] = {}
         self._seen: dict[str, tuple[int, int]] = {}  # the core's tallies, last read
+        # the mirror of every tenant the core has, from Scheduler.changes
+        self._core: Any = None  # the core mirrored
+        self._counters: dict[str, float] = {}
+        self._services: dict[str, float] = {}
+        self._active: dict[str, tuple[int, int]] = {}  # (waiting, running), not both 0
+        self._backlogged: set[str] = set()  # waiting > 0
+        self._waiting = self._running = 0  # over every tenant
+        self._dirty: set[str] = set()  # changed since the last refresh
         self._labelled: set[str] = set()  # tenants with their own series
         # tenant -> {(metric id, *labels): [child, last value set]}
         self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
@@ -280,14 +294,14 @@ class TenantMetrics(Observer):
             self._longest = t.prompt_len
 
     def forgetting(self, core: Any) -> None:
-        self._read_tokens(core)  # the tallies of the tenants it forgets go with them
+        self._pull(core)  # the tallies of the tenants it forgets go with them
 
     def preempted(self, t: Tracked) -> None:
         self._preempt[t.tenant] = self._preempt.get(t.tenant, 0) + 1
 
     def forgot(self, tenants: list[str]) -> None:
         for tenant in tenants:
-            self._seen.pop(tenant, None)
+            self._drop(tenant)
             self._fold_into_other(tenant)
             self._remove(tenant)
             self._labelled.discard(tenant)
@@ -304,18 +318,16 @@ class TenantMetrics(Observer):
         self._idle = idle
 
     # -- refresh ------------------------------------------------------------------------
-    # At 1,000 tenants a refresh is a few passes over every tenant: each a dict or set
-    # operation in C, or a comprehension that does little; per-tenant Python work
-    # (series, their values) is for the labelled tenants and the tenants whose token
-    # tallies changed.
+    # Per-tenant Python work is for the tenants changed since the last refresh (the
+    # core lists them: Scheduler.changes), the labelled ones whose values changed,
+    # and the relabelling's candidates; what looks at every tenant is a pass in C
+    # (a dict copy, map, compress, min/max), not a Python loop.
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
-        core = adapter.core
-        counters = _by_name(core.counters())
-        services = _by_name(core.services())
-        active = _by_name(core.active_clients())  # tenant -> (waiting, running)
-        backlogged = [t for t, (w, _) in active.items() if w]
+        self._pull(adapter.core)
+        counters, services, active = self._counters, self._services, self._active
+        backlogged, dirty = self._backlogged, self._dirty
 
         history = self._history
         while len(history) > 1 and now - history[1][0] >= self.window:
@@ -323,31 +335,31 @@ class TenantMetrics(Observer):
         # the window's start: the last snapshot at least `window` old, else the first
         start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
         if not history or now - history[-1][0] >= self.window / 32:  # bounded: ~33 kept
-            history.append((now, services, frozenset(backlogged)))
+            history.append((now, dict(services), frozenset(backlogged)))
 
         self._relabel(services, before)
         labelled = self._labelled
-        for tenant in [t for p in (self._prompt, self._decode, self._preempt) for t in p]:
-            self._fold_into_other(tenant)  # read before: by tenant, to _other if unlabelled
-        self._read_tokens(core, labelled)
+        for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
+            unlabelled = pending.keys() - labelled
+            if unlabelled:  # to _other (its own increments included)
+                pending[OTHER] = sum(map(pending.pop, unlabelled))
         self._flush_counters()
 
         rows, weight = self._rows, adapter.tenancy.weight
-        labelled_w = labelled_r = 0
-        for tenant in labelled:
+        # the labelled tenants that changed, and those without their gauges yet
+        for tenant in (labelled & dirty) | (labelled - rows.keys()):
             row = rows.get(tenant)
             if row is None:
                 row = self._row(tenant)
             w, r = active.get(tenant, _IDLE)
-            labelled_w += w
-            labelled_r += r
             c = counters.get(tenant)
             for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
                 if entry[1] != value and value is not None:
                     entry[0].set(value)
                     entry[1] = value
-        other_w = sum(map(_first, active.values())) - labelled_w
-        other_r = sum(map(_second, active.values())) - labelled_r
+        counts = list(map(active.get, labelled, repeat(_IDLE)))
+        other_w = self._waiting - sum(map(_first, counts))
+        other_r = self._running - sum(map(_second, counts))
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
@@ -373,25 +385,67 @@ class TenantMetrics(Observer):
             both = was_backlogged.intersection(backlogged)
             gained = list(map(sub, map(services.__getitem__, both), map(before.__getitem__, both)))
             self.jain.set(jain_index(gained))
+        dirty.clear()
         self._compact()
 
-    def _read_tokens(self, core: Any, labelled: set[str] | None = None) -> None:
-        """Add what the core's tallies grew by since the last read to the pending
-        increments (a tally that went back started again: a forgotten tenant), by
-        tenant, or with ``labelled`` to ``_other`` for the tenants not in it. Only
-        the tallies that changed are looked at (a set difference in C)."""
+    def _pull(self, core: Any) -> None:
+        """Apply the core's changes since the last pull to the mirror (counters,
+        services, request counts), add what the token tallies grew by to the pending
+        increments by tenant (a tally that went back started again: a tenant
+        forgotten and back), and mark the changed tenants dirty. A core not pulled
+        from before (a new TenantMetrics, another core) starts its reader slot again:
+        a full read, after which the tenants no longer there are dropped."""
+        if core is not self._core:
+            core.reset_changes(CHANGES_READER)
+            self._core = core
+        full, changed, gone = core.changes(CHANGES_READER)
+        changed = _by_name(changed)
+        if full:
+            gone = [t for t in self._counters if t not in changed]
+        for tenant in gone:
+            self._drop(str(tenant))
+        counters, services, active, backlogged = (
+            self._counters,
+            self._services,
+            self._active,
+            self._backlogged,
+        )
         seen, prompt, decode = self._seen, self._prompt, self._decode
-        tokens = _by_name(core.tokens())
-        for tenant, (p, d) in tokens.items() - seen.items():
-            p0, d0 = seen.get(tenant, (0, 0))
+        for tenant, (c, s, p, d, w, r) in changed.items():
+            counters[tenant] = c
+            services[tenant] = s
+            w0, r0 = active.get(tenant, _IDLE)
+            if w != w0 or r != r0:
+                self._waiting += w - w0
+                self._running += r - r0
+                if w or r:
+                    active[tenant] = (w, r)
+                else:
+                    del active[tenant]
+                if w:
+                    backlogged.add(tenant)
+                else:
+                    backlogged.discard(tenant)
+            p0, d0 = seen.get(tenant, _IDLE)
             if p0 > p or d0 > d:
                 p0 = d0 = 0
-            key = tenant if labelled is None or tenant in labelled else OTHER
             if p > p0:
-                prompt[key] = prompt.get(key, 0) + p - p0
+                prompt[tenant] = prompt.get(tenant, 0) + p - p0
             if d > d0:
-                decode[key] = decode.get(key, 0) + d - d0
+                decode[tenant] = decode.get(tenant, 0) + d - d0
             seen[tenant] = (p, d)
+        self._dirty.update(changed)
+
+    def _drop(self, tenant: str) -> None:
+        """Take a tenant the core forgot out of the mirror."""
+        self._counters.pop(tenant, None)
+        self._services.pop(tenant, None)
+        self._seen.pop(tenant, None)
+        self._backlogged.discard(tenant)
+        self._dirty.discard(tenant)
+        w, r = self._active.pop(tenant, _IDLE)
+        self._waiting -= w
+        self._running -= r
 
     def _relabel(self, services: dict[str, float], before: dict[str, float]) -> None:
         """Give at most ``max_tenants`` of the most served tenants (``services`` now
@@ -404,7 +458,8 @@ class TenantMetrics(Observer):
 
         Per-tenant Python work only for the labelled tenants and the candidates:
         the tenants above that bar (none, most of the time), every unlabelled one
-        while labels are free."""
+        while labels are free; every tenant's gain over the window is computed and
+        compared with the bar in C (map, compress)."""
         limit, labelled = self.max_tenants, self._labelled
         for tenant in [t for t in labelled if t not in services]:  # the core forgot it
             self._remove(tenant)
@@ -421,10 +476,13 @@ class TenantMetrics(Observer):
             labelled.discard(worst)
         free = limit - len(got)
         bar = -math.inf if free or not got else min(got.values()) * (1.0 + LABEL_MARGIN)
+        tenants = list(services)
+        gains = list(map(sub, services.values(), map(before.get, tenants, repeat(0.0))))
+        above = list(map(bar.__lt__, gains))
         candidates = sorted(
             (-v, t)
-            for t, s in services.items()
-            if (v := s - before.get(t, 0.0)) > bar and t not in labelled
+            for v, t in zip(compress(gains, above), compress(tenants, above))
+            if t not in labelled
         )
         if not candidates:
             return
