@@ -203,7 +203,8 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
     red, twin = store(redis_server, "twin"), D.LocalStore()
     tenants = [f"i:{k}" for k in range(6)]
     state = {
-        r: {"id": r, "inc": f"{r}0", "seq": 0, "base": 0, "since": {}, "epoch": ""} for r in "abc"
+        r: {"id": r, "inc": f"{r}0", "seq": 0, "base": 0, "since": {}, "epoch": "", "ver": 0}
+        for r in "abc"
     }
     last: dict[str, D.SyncRequest] = {}
     statuses: set[str] = set()
@@ -241,17 +242,23 @@ def test_twin_answers_every_request_as_the_script_does(redis_server):
                 keep=keep,
                 hints=hints,
                 forget_ms=rng.choice([0, 10**9]),  # forgetting due at once, or never
+                since=rng.choice([None, 0, st["ver"], st["ver"], st["ver"] + 5]),
             )
             last[r] = q
         a, b = red.sync(q), twin.sync(q)
         ea = a.epoch.decode() if isinstance(a.epoch, bytes) else a.epoch
         assert (a.status, ea, a.floor, a.counters) == (b.status, b.epoch, b.floor, b.counters), step
         assert red.counters() == twin.counters() and red.backlog() == twin.backlog(), step
+        assert a.version == b.version, step
+        # the changed counters: the twin's, and on Redis a scrub batch more of the waiting
+        assert b.changed.items() <= a.changed.items(), step
+        assert all(twin.counter[k] == v for k, v in a.changed.items()), step
         statuses.add(a.status)
         if a.status == "ok":
             st["epoch"] = ea
             if rng.random() < 0.8:  # the reply arrived: the next amounts start from here
                 st["base"], st["since"] = q.seq, {}
+                st["ver"] = a.version or 0
         if rng.random() < 0.01:  # the store loses everything
             redis_server.client().flushall()
             twin = D.LocalStore()
