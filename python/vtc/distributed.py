@@ -21,8 +21,11 @@ on Redis) that
    ``forget_ms`` whose counter is at most the global floor (their return would
    lift them to the floor anyway), so the store follows the live tenants, not
    every tenant ever seen;
-4. pulls the global counters of the tenants waiting here (and of the tenants
-   it just charged) and the global floor.
+4. pulls the global floor, the global counters of the tenants that arrived
+   here or that it just charged, and those of the tenants waiting here that
+   were written since the counter version of the last reply it received (a
+   delta; plus a small scrub batch of its waiting set).  A full sync (the
+   first, and after any fault) pulls every waiting tenant's.
 
 The replica then lifts each pulled tenant's local counter to
 ``global + local charges since the snapshot`` with ``raise_counter`` (which
@@ -551,12 +554,15 @@ end
 local lmark = int(redis.call('GET', LEGACY)) or 0
 if since == 0 or since > ver0 or since < lmark or legacy then
   for _, c in ipairs(redis.call('SMEMBERS', W)) do emit(c) end
-elseif redis.call('ZCOUNT', CV, '(' .. since, '+inf') > redis.call('SCARD', W) then
+elseif redis.call('ZCOUNT', CV, '(' .. since, '+inf') >= redis.call('SCARD', W) then
   for _, c in ipairs(redis.call('SMEMBERS', W)) do emit(c) end
 else
   for _, c in ipairs(redis.call('ZRANGEBYSCORE', CV, '(' .. since, '+inf')) do
     if redis.call('SISMEMBER', W, c) == 1 then emit(c) end
   end
+end
+for _, c in ipairs(adds) do  -- arrivals joining a tenant backlogged elsewhere: no write
+  if redis.call('SISMEMBER', W, c) == 1 then emit(c) end
 end
 local sc = redis.call('SSCAN', W, cursor, 'COUNT', 16)
 for _, c in ipairs(sc[2]) do emit(c) end
@@ -636,7 +642,11 @@ class RedisStore:
     incarnations a newer one displaced, refused if they sync again); ``idle``
     (sorted set: tenants with a counter that no replica has waiting, by when
     last touched, ms) and ``forgot`` (the largest counter forgotten; a tenant
-    without a counter counts from it).
+    without a counter counts from it); ``ver`` (the counter version: one per
+    sync that writes a counter), ``cv`` (sorted set: tenant -> version of its
+    counter's last write), ``vreps`` (sorted set: the replicas that version
+    their writes, by last sync) and ``legacy`` (the version of the last sync
+    that saw a replica that does not: an older vtc).
     ``bytes_out``/``bytes_in`` count the RESP bytes of every sync.
     """
 
@@ -911,10 +921,11 @@ class LocalStore:
         mine = self.waiting.get(req.replica, set())
         since = req.since
         full = since == 0 or since > ver0
+        arrived = set(req.add)
         changed = {
             c: self.counter[c]
             for c in mine
-            if c in self.counter and (full or self.cv.get(c, 0) > since)
+            if c in self.counter and (full or c in arrived or self.cv.get(c, 0) > since)
         }
         return SyncReply("ok", self.epoch, self._floor(), pulled, self.ver, changed)
 
@@ -1089,15 +1100,16 @@ class SharedCounters:
         service is lost even when the new value has grown past the old one).
         Updates what was seen only for these tenants.
         """
-        seen, unacked = self._seen, self._unacked
-        for c, v in changed:
-            d = v - seen.get(c, 0.0)
-            seen[c] = v
-            if d < 0:
-                d = v
-            if d > 0:
-                k = encode(c)
-                unacked[k] = unacked.get(k, 0.0) + d
+        with self._sync_lock:
+            seen, unacked = self._seen, self._unacked
+            for c, v in changed:
+                d = v - seen.get(c, 0.0)
+                seen[c] = v
+                if d < 0:
+                    d = v
+                if d > 0:
+                    k = encode(c)
+                    unacked[k] = unacked.get(k, 0.0) + d
 
     def unsynced(self, scheduler: SchedulerLike, client: Client) -> float:
         """Service of ``client`` charged here that the store has not acknowledged."""
@@ -1327,8 +1339,8 @@ class SharedCounters:
             rem = sorted(map(encode, self._acked_wait - wait))
             if self.delta:
                 since = self._since
-        if self.delta:  # the rest of the waiting set comes back if its counter changed
-            pull = sorted(set(add) | push.keys())
+        if self.delta:  # the waiting set comes back (arrivals, and any written since)
+            pull = sorted(k for k in push if decode(k) not in wait)
         else:
             pull = sorted({encode(c) for c in wait} | push.keys())
         self._seq += 1

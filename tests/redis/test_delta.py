@@ -96,8 +96,11 @@ def test_a_delta_sync_sends_and_pulls_only_what_changed(redis_server):
     assert sh.sync(s, wait)
     q = st.requests[-1]
     assert q.add == ["s:new"] and q.remove == ["s:t0"] and q.services == {"s:t7": 5.0}
-    assert q.pull == ["s:new", "s:t7"]
-    assert st.replies[-1].counters[1] == 15.0
+    assert q.pull == []  # both wait here: their counters come back as changed
+    assert st.replies[-1].changed["s:t7"] == 15.0 and "s:new" in st.replies[-1].changed
+    charge(s, {"gone": 3})  # charged here, waiting nowhere: pulled by name
+    assert sh.sync(s, wait) and st.requests[-1].pull == ["s:gone"]
+    assert st.replies[-1].counters == [3.0]
 
     # another replica charges t9 (waiting here too): its new counter comes back here
     s1 = vtc.Scheduler(1 << 20)
