@@ -164,8 +164,9 @@ class Scheduler:
     * ``locality_quantum``: the locality window ``Q`` in counter units (0.0 when
       omitted: plain VTC), a finite number ``>= 0``, above 0 only with ``vtc`` or
       ``lcf``. With ``Q > 0`` and a ``set_prefix_lookup`` lookup, selection prefers,
-      among the clients of the band within ``Q`` of the least counter, the head
-      with the longest cached prefix (docs/locality.md).
+      among the clients of the band within ``Q`` of the least counter (each
+      offering its first 8 waiting requests, only its head once 7 later ones went
+      before it), the request with the longest cached prefix (docs/locality.md).
     """
 
     def __new__(
@@ -190,8 +191,8 @@ class Scheduler:
         ``lookup(request_id)`` returns how many tokens of that waiting request the
         engine holds cached now, an int in ``[0, prompt + generated]``. The
         selecting calls (``schedule``, ``peek``, ``pop``, ``set_aside``) call it only
-        when ``locality_quantum > 0``, once per candidate head (never with a single
-        candidate), and store nothing it returns. A non-int answer is a
+        when ``locality_quantum > 0``, once per offered request (never with a single
+        one), and store nothing it returns. A non-int answer is a
         ``TypeError``, one out of range an ``InvalidArgumentError``; that or the
         lookup's own exception propagates, raised before anything changed, except
         in a ``schedule()`` that has already admitted requests: it returns those,

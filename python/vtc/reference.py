@@ -63,14 +63,20 @@ The rules
   finite number ``>= 0``; ``vtc`` and ``lcf`` only; docs/locality.md): once
   the band is chosen and the least-key client ``k0`` in it found as above,
   every client backlogged in that band (and not excluded by the cap) whose
-  ``counter <= counter[k0] + Q`` is a *candidate*, and the one whose head
-  request in the band has the longest cached prefix is taken, ties by the
-  plain key ``(counter, seq)``.  The cached prefix comes from the engine's
+  ``counter <= counter[k0] + Q`` is a *candidate*; each offers its first
+  ``LOCALITY_DEPTH`` (8) waiting requests in the band, in queue order, or only
+  its head once ``LOCALITY_DEPTH - 1`` of its later requests were taken
+  (admitted or set aside) before that head; the offered request with the
+  longest cached prefix is taken, ties by its client's plain key ``(counter,
+  seq of the head)``, then by queue position.  So with ``Q > 0`` a client's
+  requests may leave its queue out of submit order, each overtaken by at most
+  ``LOCALITY_DEPTH - 1`` later ones while it is the head; ``put_back`` still
+  returns a request to the head.  The cached prefix comes from the engine's
   lookup (``set_prefix_lookup(fn)``): ``fn(request_id)`` returns how many of
   that waiting request's tokens the engine holds now, an int in ``[0,
-  footprint]``; it is called once per candidate head per selection, in no
-  specified order, never for a request that is not a candidate, and never
-  when ``Q == 0`` or there is only one candidate; an answer of the wrong
+  footprint]``; it is called once per offered request per selection, in no
+  specified order, never for a request that is not offered, and never
+  when ``Q == 0`` or only one request is offered; an answer of the wrong
   type is a ``TypeError``, out of range an ``InvalidArgumentError``, and
   that or the lookup's own exception propagates, raised before anything
   changed; except in ``schedule()`` once it has admitted requests: it then
@@ -174,6 +180,7 @@ reads counts it keeps per client); a request set aside counts as waiting.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import operator
@@ -202,6 +209,9 @@ MAX_WEIGHT = 1e6
 MAX_COUNTER = 1e30
 U64_MAX = 2**64 - 1  # token tallies saturate there
 DEFAULT_BETA = 1.0 / 512.0
+# the locality window offers each candidate client's first LOCALITY_DEPTH waiting
+# requests, or only its head once LOCALITY_DEPTH - 1 later ones went before it
+LOCALITY_DEPTH = 8
 PAPER_QUADRATIC = {"a_p": 2.1, "a_q": 1.0, "a_pq": 0.04, "a_qq": 0.032, "c": 11.46}
 
 
@@ -484,6 +494,9 @@ class Scheduler:
             )
         self.locality_quantum = q
         self._prefix_lookup = None
+        # (client, band) -> (seq of the head, how many later requests were taken
+        # before it): the locality window's overtakes of each head
+        self._skips: dict = {}
         self.client_cap = client_cap
         self.M = M
         self.wp = self.cost.coef.get("wp", self.cost.coef.get("a_p"))
@@ -605,7 +618,7 @@ class Scheduler:
         """The engine's prefix-cache lookup for the locality window, or ``None``:
         ``lookup(request_id)`` returns how many tokens of that waiting request the
         engine holds cached now (an int in ``[0, prompt + generated]``).  The
-        scheduler calls it only for candidate heads, only when ``Q > 0``, and
+        scheduler calls it only for the requests the window offers, only when ``Q > 0``, and
         stores nothing it returns; ``peek()`` and the ``pop()`` after it agree
         as long as the answers do not change in between."""
         if lookup is not None and not callable(lookup):
@@ -634,13 +647,19 @@ class Scheduler:
         else:
             q.append(r.rid)
 
-    def _dequeue(self, r: _Request) -> None:
+    def _dequeue(self, r: _Request, taken: bool = False) -> None:
         """Out of its band's queue (admitted, set aside or cancelled); a client whose
-        last waiting request it was leaves the backlog."""
+        last waiting request it was leaves the backlog. ``taken`` (admitted or set
+        aside) from behind the head: one more overtake of that head."""
         c = self._clients[r.client]
         q = c.bands[r.priority]
+        if taken and q[0] != r.rid:
+            head = self._requests[q[0]].seq
+            seq, n = self._skips.get((r.client, r.priority), (None, 0))
+            self._skips[(r.client, r.priority)] = (head, n + 1 if seq == head else 1)
         q.remove(r.rid)
         if not q:
+            self._skips.pop((r.client, r.priority), None)
             del c.bands[r.priority]
             if self._band_weights is not None and not self._backlogged(r.priority):
                 self._band_last_left = (r.priority, None)
@@ -677,21 +696,42 @@ class Scheduler:
         in_band = [k for k in backlog if band in self._clients[k].bands]
         k = min(in_band, key=lambda k: self._key(k, band))
         if self.locality_quantum > 0.0 and self._prefix_lookup is not None:
-            k = self._closest(in_band, band, self._clients[k].counter + self.locality_quantum)
+            return self._closest(in_band, band, self._clients[k].counter + self.locality_quantum)
         return k, self._clients[k].bands[band][0]
+
+    def _depth(self, k, band) -> int:
+        """How many of client ``k``'s waiting requests in ``band`` the window offers:
+        its first ``LOCALITY_DEPTH``, or only its head once ``LOCALITY_DEPTH - 1``
+        of its later requests were taken before that head."""
+        q = self._clients[k].bands[band]
+        seq, n = self._skips.get((k, band), (None, 0))
+        if seq == self._requests[q[0]].seq and n >= LOCALITY_DEPTH - 1:
+            return 1
+        return LOCALITY_DEPTH
 
     def _closest(self, in_band, band, edge):
         """The locality window: among the clients of ``in_band`` whose counter is
-        ``<= edge`` (the least counter + Q), the one whose head has the longest
-        cached prefix; ties by the plain key (counter, seq)."""
+        ``<= edge`` (the least counter + Q), each offering its first ``_depth``
+        waiting requests in queue order, ``(client, request id)`` of the request
+        with the longest cached prefix; ties by its client's plain key (counter,
+        seq of the head), then by queue position."""
         window = [k for k in in_band if self._clients[k].counter <= edge]
-        if len(window) == 1:
-            return window[0]
+        offered = [
+            (k, i, rid)
+            for k in window
+            for i, rid in enumerate(
+                itertools.islice(self._clients[k].bands[band], self._depth(k, band))
+            )
+        ]
+        if len(offered) == 1:
+            return window[0], offered[0][2]
 
-        def key(k):
-            return (-self._hit(self._clients[k].bands[band][0]), *self._key(k, band))
+        def key(o):
+            k, i, rid = o
+            return (-self._hit(rid), *self._key(k, band), i)
 
-        return min(window, key=key)
+        k, _, rid = min(offered, key=key)
+        return k, rid
 
     def _hit(self, rid) -> int:
         """The engine's cached prefix of waiting request ``rid``, checked."""
@@ -794,7 +834,7 @@ class Scheduler:
     def _admit(self, rid) -> int:
         r = self._requests[rid]
         c = self._clients[r.client]
-        self._dequeue(r)
+        self._dequeue(r, taken=True)
         self.occupancy += r.prompt + r.generated
         c.occupancy += r.prompt + r.generated
         if not r.prefill_paid:
@@ -866,7 +906,7 @@ class Scheduler:
         if picked is None:
             return None
         r = self._requests[picked[1]]
-        self._dequeue(r)  # may leave the backlog, as an admission would
+        self._dequeue(r, taken=True)  # may leave the backlog, as an admission would
         r.aside = True
         return r.rid
 

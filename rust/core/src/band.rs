@@ -19,6 +19,8 @@ use crate::heap::{IndexedHeap, Positions, NOT_IN_HEAP};
 
 /// End of a client's entity list.
 pub(crate) const NO_ENTITY: u32 = u32::MAX;
+/// `Entity::skip_seq` when no head has been overtaken (no request has this seq).
+pub(crate) const NO_SKIP: u64 = u64::MAX;
 
 /// One waiting entry: a request slot and the submit sequence it had when it
 /// was queued. Cancelling a waiting request leaves its entry behind; an entry
@@ -46,6 +48,11 @@ pub(crate) struct Entity {
     pub heap_pos: u32,
     /// The client's next entity, or `NO_ENTITY`.
     pub next: u32,
+    /// The locality window's overtakes of the head: `skips` requests behind
+    /// the head whose seq is `skip_seq` were taken before it (see
+    /// `scheduler::window`); stale once the head has another seq.
+    pub skip_seq: u64,
+    pub skips: u32,
 }
 
 impl Entity {
@@ -58,6 +65,8 @@ impl Entity {
             head_seq: 0,
             heap_pos: NOT_IN_HEAP,
             next: NO_ENTITY,
+            skip_seq: NO_SKIP,
+            skips: 0,
         }
     }
 }

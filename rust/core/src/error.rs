@@ -102,7 +102,7 @@ pub enum CoreError {
     InvalidLocalityQuantum(f64),
     /// A locality quantum above 0 needs a counter policy (`vtc` or `lcf`).
     LocalityNeedsCounter(f64),
-    /// The prefix lookup failed for this candidate head (its own error is
+    /// The prefix lookup failed for this offered request (its own error is
     /// the caller's: the core only passes the failure on).
     PrefixLookupFailed(u64),
     /// The prefix lookup answered more tokens than the request holds.

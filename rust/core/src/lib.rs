@@ -37,6 +37,7 @@ pub use heap::{IndexedHeap, Key, Positions, NOT_IN_HEAP};
 pub use keys::{str_key_ok, ClientKey, KeyRef};
 pub use limits::{MAX_BUDGET, MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
 pub use scheduler::{
-    Gone, LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens, READERS,
+    Gone, LookupFailed, Policy, Predictor, PrefixLookup, RequestState, Scheduler, Tokens,
+    LOCALITY_DEPTH, READERS,
 };
 pub use snapshot::{ClientRecord, Restored, SNAPSHOT_VERSION};

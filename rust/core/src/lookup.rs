@@ -11,8 +11,8 @@
 pub struct LookupFailed;
 
 /// The engine's prefix cache, asked on demand: how many tokens of a waiting
-/// request it holds cached now. The core calls it only for candidate heads
-/// of the locality window and stores nothing it returns.
+/// request it holds cached now. The core calls it only for the requests the
+/// locality window offers and stores nothing it returns.
 pub trait PrefixLookup {
     /// The cached prefix of waiting request `request_id`, which holds
     /// `footprint` tokens (prompt and generated): an answer above

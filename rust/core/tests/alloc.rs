@@ -137,7 +137,8 @@ fn capacity_checked_decode_step_allocates_nothing_without_preemption() {
 #[test]
 fn selection_through_the_locality_window_allocates_nothing() {
     // Many clients within the quantum: every selection walks the window
-    // (its scratch buffer is reused) and asks the lookup of each head.
+    // (its scratch buffer is reused) and asks the lookup of each offered
+    // request, some of them behind their heads.
     let mut s = Scheduler::with_config(&vtc_core::Config {
         locality_quantum: 1e9,
         ..vtc_core::Config::new(1_000_000)

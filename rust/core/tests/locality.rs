@@ -1,7 +1,9 @@
 //! The locality window (docs/locality.md, specified by `vtc.reference`): with
 //! a quantum `Q` and a prefix lookup, among the clients whose counter is
-//! within `Q` of the least, the head with the longest cached prefix goes
-//! next, ties by the plain key (counter, seq); `Q = 0` or no lookup is plain
+//! within `Q` of the least, each offering its first `LOCALITY_DEPTH` waiting
+//! requests (only its head once `LOCALITY_DEPTH - 1` later ones went before
+//! it), the request with the longest cached prefix goes next, ties by the
+//! plain key (counter, seq of the head), then queue order; `Q = 0` or no lookup is plain
 //! VTC; a failing lookup changes nothing, except that `schedule_with`
 //! returns what it admitted before the failure.
 
@@ -10,7 +12,9 @@ mod common;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use common::Lcg;
-use vtc_core::{ClientId, Config, CoreError, LookupFailed, Policy, Scheduler, Tokens};
+use vtc_core::{
+    ClientId, Config, CoreError, LookupFailed, Policy, Scheduler, Tokens, LOCALITY_DEPTH,
+};
 
 fn with_quantum(budget: i64, q: f64, policy: Policy) -> Scheduler {
     Scheduler::with_config(&Config {
@@ -115,7 +119,7 @@ fn a_failing_or_out_of_range_lookup_changes_nothing() {
 
 #[test]
 fn a_lookup_failing_inside_schedule_returns_what_was_admitted() {
-    // as tests/test_locality.py: two lookups per selection, the fifth call fails
+    // as tests/test_locality.py: 6 lookups (all six waiting), then 5, the 12th fails
     for cap in [None, Some(1000)] {
         let mut s = with_quantum(100, 50.0, Policy::Vtc);
         s.set_client_cap(cap).unwrap();
@@ -129,7 +133,7 @@ fn a_lookup_failing_inside_schedule_returns_what_was_admitted() {
         let mut out = Vec::new();
         let mut lookup = |_: u64, _: u64| {
             asked += 1;
-            if failing && asked >= 5 {
+            if failing && asked >= 12 {
                 Err(LookupFailed)
             } else {
                 Ok(0)
@@ -186,12 +190,15 @@ fn a_zero_quantum_is_plain_vtc_and_never_asks() {
     }
 }
 
-/// The window against a model of it: one band, clients' FIFOs kept by the
-/// test; every selection must ask exactly the heads of the clients within
-/// `Q` of the least counter (nobody when that is one client) and pick the
-/// longest hit, ties by (counter, seq).
+/// The window against a model of it: one band, clients' FIFOs and their
+/// heads' overtakes kept by the test; every selection must ask exactly the
+/// offered requests of the clients within `Q` of the least counter (the first
+/// `LOCALITY_DEPTH`, or the head alone once it was overtaken
+/// `LOCALITY_DEPTH - 1` times; nobody when that is one request) and pick the
+/// longest hit, ties by (counter, seq of the head), then queue order.
 #[test]
 fn the_window_chooses_as_its_definition_says() {
+    let mut overtakes = 0;
     for seed in 0..40u64 {
         let mut rng = Lcg(seed);
         let q = [1.0, 10.0, 50.0, 200.0, 1e6][(seed % 5) as usize];
@@ -214,6 +221,8 @@ fn the_window_chooses_as_its_definition_says() {
         let mut hits: HashMap<u64, u64> = HashMap::new();
         let mut prompt: HashMap<u64, u64> = HashMap::new();
         let mut rid = 0u64;
+        // per client: (its head when overtaken, how many times)
+        let mut skips: Vec<(u64, usize)> = vec![(0, 0); n];
         for _ in 0..300 {
             for _ in 0..rng.below(4) {
                 rid += 1;
@@ -255,32 +264,48 @@ fn the_window_chooses_as_its_definition_says() {
                 .min_by_key(|&&(_, r)| r)
                 .unwrap();
             let edge = counter(k0.0) + q;
-            let window: Vec<(usize, u64)> = heads
+            let window: Vec<usize> = heads
                 .iter()
-                .copied()
-                .filter(|&(c, _)| counter(c) <= edge)
+                .filter(|&&(c, _)| counter(c) <= edge)
+                .map(|&(c, _)| c)
                 .collect();
-            let want = if window.len() == 1 {
+            // (client, position, rid) of every offered request
+            let offered: Vec<(usize, usize, u64)> = window
+                .iter()
+                .flat_map(|&c| {
+                    let head = queues[c][0];
+                    let depth = if skips[c] == (head, LOCALITY_DEPTH - 1) {
+                        1
+                    } else {
+                        LOCALITY_DEPTH
+                    };
+                    queues[c]
+                        .iter()
+                        .take(depth)
+                        .enumerate()
+                        .map(move |(i, &r)| (c, i, r))
+                })
+                .collect();
+            let (wc, wpos, want) = if offered.len() == 1 {
                 assert!(asked.is_empty(), "seed {seed}: asked with one candidate");
-                window[0].1
+                offered[0]
             } else {
                 let called: Vec<u64> = asked.keys().copied().collect();
-                let mut cands: Vec<u64> = window.iter().map(|&(_, r)| r).collect();
+                let mut cands: Vec<u64> = offered.iter().map(|&(_, _, r)| r).collect();
                 cands.sort_unstable();
-                assert_eq!(called, cands, "seed {seed}: asked the wrong heads");
+                assert_eq!(called, cands, "seed {seed}: asked the wrong requests");
                 assert!(asked.values().all(|&k| k == 1), "asked twice");
-                window
+                *offered
                     .iter()
                     .max_by(|x, y| {
-                        hits[&x.1].cmp(&hits[&y.1]).then_with(|| {
-                            // the smaller plain key wins the tie
-                            (counter(y.0), y.1)
-                                .partial_cmp(&(counter(x.0), x.1))
+                        hits[&x.2].cmp(&hits[&y.2]).then_with(|| {
+                            // the smaller plain key, then position, wins the tie
+                            (counter(y.0), queues[y.0][0], y.1)
+                                .partial_cmp(&(counter(x.0), queues[x.0][0], x.1))
                                 .unwrap()
                         })
                     })
                     .unwrap()
-                    .1
             };
             assert_eq!(got, Some(want), "seed {seed}");
             let _ = counter;
@@ -290,7 +315,17 @@ fn the_window_chooses_as_its_definition_says() {
                 .unwrap();
             assert_eq!(popped, Some(want));
             let c = owner[&want];
-            assert_eq!(queues[c].pop_front(), Some(want));
+            assert_eq!(c, wc);
+            if wpos > 0 {
+                overtakes += 1;
+                let head = queues[c][0];
+                skips[c] = if skips[c].0 == head {
+                    (head, skips[c].1 + 1)
+                } else {
+                    (head, 1)
+                };
+            }
+            assert_eq!(queues[c].remove(wpos), Some(want));
             let running: Vec<u64> = s.running().collect();
             s.decode(&running, Tokens::Each(1)).unwrap();
             for r in running {
@@ -301,4 +336,6 @@ fn the_window_chooses_as_its_definition_says() {
             s.check_invariants().unwrap();
         }
     }
+    // the window took requests from behind their heads, as it may
+    assert!(overtakes > 100, "{overtakes} overtakes");
 }

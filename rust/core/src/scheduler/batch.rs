@@ -29,7 +29,7 @@ impl Scheduler {
 
     /// [`schedule`](Self::schedule) through the locality window: with a
     /// quantum (see [`Config::locality_quantum`](crate::Config)), each
-    /// selection asks `lookup` for the cached prefix of the candidate heads
+    /// selection asks `lookup` for the cached prefix of the requests it offers
     /// (see `window`). A lookup that fails before anything was admitted is
     /// the error, nothing changed; once requests were admitted it stops the
     /// call, which returns them (an engine must learn of every admission),
@@ -53,17 +53,17 @@ impl Scheduler {
             return Ok(out.len() - start);
         }
         loop {
-            let e = match self.select_entity(lookup.as_deref_mut()) {
-                Ok(Some(e)) => e,
+            let p = match self.select(lookup.as_deref_mut()) {
+                Ok(Some(p)) => p,
                 Ok(None) => break,
                 Err(err) if out.len() == start => return Err(err),
                 Err(_) => break,
             };
-            let fp = self.requests[self.head_slot(e) as usize].footprint(self.uniform);
+            let fp = self.requests[self.slot_at(p) as usize].footprint(self.uniform);
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
-            out.push(self.admit_entity(e));
+            out.push(self.admit_at(p));
         }
         Ok(out.len() - start)
     }
@@ -79,8 +79,8 @@ impl Scheduler {
         let mut parked = std::mem::take(&mut self.parked);
         let mut failed = None;
         loop {
-            let e = match self.select_entity(lookup.as_deref_mut()) {
-                Ok(Some(e)) => e,
+            let p = match self.select(lookup.as_deref_mut()) {
+                Ok(Some(p)) => p,
                 Ok(None) => break,
                 Err(err) => {
                     if out.len() == start {
@@ -89,9 +89,9 @@ impl Scheduler {
                     break;
                 }
             };
-            let s = self.head_slot(e);
+            let s = self.slot_at(p);
             let fp = self.requests[s as usize].footprint(self.uniform);
-            let c = self.entities[e as usize].client;
+            let c = self.entities[p.e as usize].client;
             let cl = &self.clients[c as usize];
             if cl.n_running > 0 && cl.occupancy + u128::from(fp) > u128::from(cap) {
                 // out of selection for this call, in every band it waits in
@@ -107,7 +107,7 @@ impl Scheduler {
             if self.occupancy + u128::from(fp) > u128::from(self.budget) {
                 break;
             }
-            out.push(self.admit_entity(e));
+            out.push(self.admit_at(p));
         }
         for &e in &parked {
             let key = self.key_of(e);

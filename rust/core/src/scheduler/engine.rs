@@ -8,6 +8,7 @@
 //! is in admission order.
 
 use super::request::Slot;
+use super::window::Pick;
 use super::{Predictor, PrefixLookup, Scheduler, Tokens};
 use crate::band::QueueEntry;
 use crate::cost::Pending;
@@ -36,17 +37,26 @@ impl Scheduler {
     /// band, without a KV check.
     pub(super) fn admit_next(&mut self) -> Option<u64> {
         let e = self.top_entity()?;
-        Some(self.admit_entity(e))
+        Some(self.admit_at(Pick { e, pos: 0 }))
     }
 
-    /// Admit entity `e`'s head request (the selection's choice), without a
-    /// KV check.
-    pub(super) fn admit_entity(&mut self, e: u32) -> u64 {
-        let c = self.entities[e as usize].client;
-        let entry = self.entities[e as usize]
+    /// Take the request at `p` out of its entity's queue: the head, or (the
+    /// locality window's choice) one behind it, an overtake of the head.
+    fn take_at(&mut self, p: Pick) -> QueueEntry {
+        if p.pos > 0 {
+            self.count_overtake(p.e);
+        }
+        self.entities[p.e as usize]
             .queue
-            .pop_front()
-            .expect("an entity has a queue");
+            .remove(p.pos)
+            .expect("the pick is in its entity's queue")
+    }
+
+    /// Admit the request at `p` (the selection's choice), without a KV check.
+    pub(super) fn admit_at(&mut self, p: Pick) -> u64 {
+        let e = p.e;
+        let c = self.entities[e as usize].client;
+        let entry = self.take_at(p);
         debug_assert!(self.entry_live(&entry));
         self.admit_seq += 1;
         let admit_seq = self.admit_seq;
@@ -126,11 +136,11 @@ impl Scheduler {
 
     /// [`peek`](Self::peek) through the locality window: with a quantum
     /// (see [`Config::locality_quantum`](crate::Config)), `lookup` is asked
-    /// for the cached prefix of each candidate head (see `window`). Fails,
+    /// for the cached prefix of each offered request (see `window`). Fails,
     /// changing nothing, when the lookup fails or answers out of range.
     pub fn peek_with(&mut self, lookup: &mut dyn PrefixLookup) -> Result<Option<u64>> {
-        let e = self.select_entity(Some(lookup))?;
-        Ok(e.map(|e| self.requests[self.head_slot(e) as usize].rid))
+        let p = self.select(Some(lookup))?;
+        Ok(p.map(|p| self.requests[self.slot_at(p) as usize].rid))
     }
 
     /// [`pop_cached`](Self::pop_cached) through the locality window (see
@@ -149,10 +159,10 @@ impl Scheduler {
         cached_len: Option<i64>,
         lookup: Option<&mut dyn PrefixLookup>,
     ) -> Result<Option<u64>> {
-        let Some(e) = self.select_entity(lookup)? else {
+        let Some(p) = self.select(lookup)? else {
             return Ok(None);
         };
-        let s = self.head_slot(e);
+        let s = self.slot_at(p);
         if let Some(k) = cached_len {
             let r = &mut self.requests[s as usize];
             if k < 0 || k as u64 > r.prompt {
@@ -163,7 +173,7 @@ impl Scheduler {
             }
             r.cached = k as u64;
         }
-        Ok(Some(self.admit_entity(e)))
+        Ok(Some(self.admit_at(p)))
     }
 
     /*
@@ -375,23 +385,21 @@ impl Scheduler {
     /// client's queue without admitting or charging it (see above).
     pub fn set_aside(&mut self) -> Option<u64> {
         let e = self.top_entity()?;
-        Some(self.set_aside_entity(e))
+        Some(self.set_aside_at(Pick { e, pos: 0 }))
     }
 
     /// [`set_aside`](Self::set_aside) through the locality window (see
     /// [`peek_with`](Self::peek_with)); a failing lookup sets nothing aside.
     pub fn set_aside_with(&mut self, lookup: &mut dyn PrefixLookup) -> Result<Option<u64>> {
-        let e = self.select_entity(Some(lookup))?;
-        Ok(e.map(|e| self.set_aside_entity(e)))
+        let p = self.select(Some(lookup))?;
+        Ok(p.map(|p| self.set_aside_at(p)))
     }
 
-    /// Take entity `e`'s head out of its queue (see above).
-    fn set_aside_entity(&mut self, e: u32) -> u64 {
+    /// Take the request at `p` out of its queue (see above).
+    fn set_aside_at(&mut self, p: Pick) -> u64 {
+        let e = p.e;
         let c = self.entities[e as usize].client;
-        let entry = self.entities[e as usize]
-            .queue
-            .pop_front()
-            .expect("an entity has a queue");
+        let entry = self.take_at(p);
         debug_assert!(self.entry_live(&entry));
         let r = &mut self.requests[entry.slot as usize];
         r.state = Slot::Aside;

@@ -54,6 +54,7 @@ pub use crate::config::{Policy, Predictor};
 pub use crate::lookup::{LookupFailed, PrefixLookup};
 pub use changes::{Gone, READERS};
 pub use request::{RequestState, Tokens};
+pub use window::LOCALITY_DEPTH;
 
 use crate::band::{Band, Entity, Share, Shares};
 use crate::client::{Client, ClientId};

@@ -11,7 +11,7 @@
 use super::request::Slot;
 use super::{Policy, Scheduler};
 use crate::band::QueueEntry;
-use crate::band::{Band, Entity, Shares, NO_ENTITY};
+use crate::band::{Band, Entity, Shares, NO_ENTITY, NO_SKIP};
 use crate::heap::{Key, NOT_IN_HEAP};
 
 impl Scheduler {
@@ -120,6 +120,8 @@ impl Scheduler {
                 en.band = b;
                 en.n_waiting = 0;
                 en.heap_pos = NOT_IN_HEAP;
+                en.skip_seq = NO_SKIP;
+                en.skips = 0;
                 e
             }
             None => {
