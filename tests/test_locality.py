@@ -241,6 +241,85 @@ def test_a_request_set_aside_from_behind_the_head_is_put_back_at_the_head(Sched)
     assert s.counter("a") == 0
 
 
+def _recording(hits: dict):
+    """A lookup answering from ``hits`` (read at call time), and its calls."""
+    calls: list[int] = []
+
+    def lookup(rid):
+        calls.append(rid)
+        return hits[rid]
+
+    return lookup, calls
+
+
+def test_overtakes_and_their_limit_run_in_the_core_as_in_the_reference():
+    """Random engine calls (submits to a few clients, pops, set-asides put back,
+    cancels, decodes, finishes, two bands) with hits that often favour a later
+    request, so the window keeps taking from behind the heads and the overtake
+    limit binds: the core chooses as the reference, asks the same lookups in the
+    same order and ends in the same state."""
+    depth = reference.LOCALITY_DEPTH
+    limited = behind = 0
+    for seed in range(30):
+        rng = random.Random(seed)
+        Q = rng.choice([5.0, 60.0, 1e6])
+        core = vtc.Scheduler(400, locality_quantum=Q)
+        ref = reference.Scheduler(400, locality_quantum=Q)
+        hit: dict[int, int] = {}
+        core_lookup, core_calls = _recording(hit)
+        ref_lookup, ref_calls = _recording(hit)
+        core.set_prefix_lookup(core_lookup)
+        ref.set_prefix_lookup(ref_lookup)
+        rid = 0
+        aside: list[int] = []
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.4:
+                rid += 1
+                c, p, band = rng.choice("abc"), rng.randint(10, 30), rng.choice([0, 0, 0, 1])
+                hit[rid] = min(rid % 7 + rng.randint(0, 4), 10)
+                core.submit(rid, c, p, priority=band)
+                ref.submit(rid, c, p, priority=band)
+            elif op < 0.6:
+                x = ref.pop()
+                assert core.pop() == x
+                if x is not None:  # an earlier request of its client still waits?
+                    owner = ref._requests[x].client
+                    behind += any(r.client == owner and r.rid < x and not r.running
+                                  and not r.aside for r in ref._requests.values())  # fmt: skip
+            elif op < 0.68:
+                x = ref.set_aside()
+                assert core.set_aside() == x
+                if x is not None:
+                    aside.append(x)
+            elif op < 0.74 and aside:
+                x = aside.pop(rng.randrange(len(aside)))
+                core.put_back(x)
+                ref.put_back(x)
+            elif op < 0.78:
+                waiting = [r for r in range(1, rid + 1) if ref.status(r) == "waiting"]
+                if waiting:
+                    x = rng.choice(waiting)
+                    core.cancel(x)
+                    ref.cancel(x)
+            elif op < 0.9:
+                running = ref.running()
+                core.decode(running, 1)
+                ref.decode(running, 1)
+            else:
+                running = ref.running()
+                if running:
+                    x = rng.choice(running)
+                    core.finish(x)
+                    ref.finish(x)
+            assert core_calls == ref_calls, seed
+            limited += any(n >= depth - 1 for _, n in ref._skips.values())
+        core.set_prefix_lookup(None)  # state() peeks: plain VTC while reading
+        ref.set_prefix_lookup(None)
+        assert state(core, range(1, rid + 1)) == state(ref, range(1, rid + 1)), seed
+    assert behind > 50 and limited > 0, (behind, limited)
+
+
 @IMPLS
 def test_zero_quantum_never_calls_the_lookup(Sched):
     s, calls = _two_clients(Sched, 0, {2: 8})

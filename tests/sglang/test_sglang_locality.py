@@ -43,13 +43,16 @@ def test_a_cached_prefix_goes_first_within_the_window(q: float) -> None:
     """Tenant a is the least served (8 against b's 16) with nothing cached; b's waiting
     request starts with a prefix the radix tree holds. Plain VTC (Q = 0) admits a's
     request first; with Q = 100 b is within the window and its 32 cached tokens win.
-    Either way b is charged only the 8 tokens SGLang computes."""
+    Either way b is charged only the 8 tokens SGLang computes. (b1 arrives after
+    the first pass: waiting beside b0 it would be offered too, and go first, as
+    the next test shows.)"""
     state = with_quantum(q)
     s = make_scheduler(cache_with_system_prompt())
     a0, b0, a1, b1 = make_req("a", 8), make_req("b", 16), make_req("a", 40), b_req()
-    arrive(s, a0, b0, a1, b1)  # SGLang's FCFS order, and VTC's tie-break: a first
-    s.max_prefill_tokens = 30  # room for a0 and b0 only (b1 computes 8 more)
+    arrive(s, a0, b0, a1)  # SGLang's FCFS order, and VTC's tie-break: a first
+    s.max_prefill_tokens = 30  # room for a0 and b0 only
     assert prefill_pass(s) == [a0, b0]
+    arrive(s, b1)  # b is lifted to no less than a's 8: it stays at 16
     assert state.core.counters() == {"a": 8.0, "b": 16.0}  # a is the least served
     s.max_prefill_tokens = 41  # room for one 40-token prompt per pass
     assert prefill_pass(s) == ([b1] if q > 0 else [a1])
@@ -62,6 +65,22 @@ def test_a_cached_prefix_goes_first_within_the_window(q: float) -> None:
     else:
         assert lookup is not None and lookup.failures == 0 and lookup.calls >= 2
         assert state.core.locality_quantum == q
+
+
+@pytest.mark.parametrize("q", [0.0, 100.0])
+def test_a_later_request_with_a_cached_prefix_goes_before_its_tenants_head(q: float) -> None:
+    """b's head b0 has nothing cached, its next request b1 starts with the cached
+    prefix: with Q = 100 the window offers both and b1 goes first (SGLang admits the
+    core's choice, not b's head), then a0 and b0 by their counters; plain VTC keeps
+    submit order within each tenant."""
+    state = with_quantum(q)
+    s = make_scheduler(cache_with_system_prompt())
+    a0, b0, b1 = make_req("a", 8), make_req("b", 16), b_req()
+    arrive(s, a0, b0, b1)
+    s.max_prefill_tokens = 41  # room for all three (b1 computes 8)
+    assert prefill_pass(s) == ([b1, a0, b0] if q > 0 else [a0, b0, b1])
+    assert b1.prefix_len == len(SYSTEM)
+    assert state.core.counters() == {"a": 8.0, "b": 16.0 + 8.0}  # the cached 32 are free
 
 
 def test_the_lookup_answers_the_radix_match_without_touching_the_request() -> None:
