@@ -87,14 +87,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vtc._core import MAX_PRICE, Scheduler
+from vtc._core import CHANGE_READERS, MAX_PRICE, Scheduler
 from vtc.errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_TENANT",
     "DEFAULT_TENANT_KEY",
     "MAX_TENANT_LEN",
+    "METRICS_CHANGES_READER",
     "SHARED_VARIABLES",
+    "SYNC_CHANGES_READER",
     "VARIABLES",
     "ConfigError",
     "EngineConfig",
@@ -529,6 +531,15 @@ SYNC_MODES = ("background", "step")
 
 #: The background thread's period without ``VTC_SYNC_MS``, in milliseconds.
 DEFAULT_SYNC_MS = 50.0
+
+#: ``Scheduler.changes`` reader slots, one per reader of a core: each slot is a cursor
+#: that a read drains, so two readers sharing one would each miss what the other read.
+#: The per-tenant metrics (:mod:`vtc.metrics`) read this one ...
+METRICS_CHANGES_READER = 0
+#: ... and the shared-counter sync (:class:`vtc.distributed.SharedCounters`) this one.
+SYNC_CHANGES_READER = 1
+assert len({METRICS_CHANGES_READER, SYNC_CHANGES_READER}) == 2
+assert max(METRICS_CHANGES_READER, SYNC_CHANGES_READER) < CHANGE_READERS
 
 
 def _sync_mode(env: Mapping[str, str]) -> str:

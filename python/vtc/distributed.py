@@ -80,8 +80,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
-from vtc._core import MAX_COUNTER
-from vtc.config import DEFAULT_SYNC_MS
+from vtc._core import MAX_COUNTER, Scheduler
+from vtc.config import DEFAULT_SYNC_MS, SYNC_CHANGES_READER
 
 if TYPE_CHECKING:
     import redis
@@ -945,7 +945,9 @@ class SyncStats:
 
     ``skipped``: pulled values that were no counter (left unused). ``renamed``:
     times the store refused this replica's id as another live process's, so
-    that it went on under an id of its own.
+    that it went on under an id of its own. ``feed_reads``, ``feed_full_reads``,
+    ``feed_rows``: reads of the core's change feed, how many of them were full, and
+    the tenants they returned (changed and gone): what the syncs read of the core.
     """
 
     syncs: int = 0
@@ -957,6 +959,9 @@ class SyncStats:
     pulled_tenants: int = 0
     skipped: int = 0
     renamed: int = 0
+    feed_reads: int = 0
+    feed_full_reads: int = 0
+    feed_rows: int = 0
     last_error: str | None = None
 
 
@@ -968,6 +973,21 @@ def _unreachable(err: BaseException) -> bool:
     except ImportError:  # a store of another kind
         return isinstance(err, OSError)
     return isinstance(err, (OSError, Refused, TimedOut))
+
+
+class _CoreWaiting:
+    """The type of :data:`CORE_WAITING`."""
+
+    def __repr__(self) -> str:
+        return "CORE_WAITING"
+
+
+#: ``waiting=CORE_WAITING`` (``sync``, ``on_step``, ``start``): the tenants with requests
+#: waiting in the core (set-aside ones included), followed through its change feed: per
+#: sync only the tenants whose counts changed (without the feed: ``active_clients()``)
+CORE_WAITING = _CoreWaiting()
+
+Waiting = Union[Iterable[Client], _CoreWaiting, None]
 
 
 class SharedCounters:
@@ -995,6 +1015,8 @@ class SharedCounters:
     it accrues, exactly once, also across :meth:`forget_idle`.
     """
 
+    CORE_WAITING = CORE_WAITING
+
     def __init__(
         self,
         store: Store,
@@ -1007,6 +1029,7 @@ class SharedCounters:
         forget_ms: int = 60_000,
         clock: Callable[[], float] | None = None,
         delta: bool = True,
+        feed: bool = True,
     ) -> None:
         if isinstance(sync_interval, bool) or not isinstance(sync_interval, int):
             raise TypeError(f"sync_interval must be an int, got {sync_interval!r}")
@@ -1028,6 +1051,18 @@ class SharedCounters:
         #: waiting tenant's, as before versions; for replicas sharing a store with an
         #: older vtc nothing needs setting, the store detects them)
         self.delta = delta
+        #: read the services (and, with ``waiting=CORE_WAITING``, the waiting set) from
+        #: the core's change feed (``Scheduler.changes``, slot
+        #: :data:`vtc.config.SYNC_CHANGES_READER`): per sync only the tenants changed
+        #: since the last read (False, or a scheduler without ``changes``: every
+        #: tenant's service, one ``services()`` call, as before; also for anything not a
+        #: ``vtc.Scheduler`` itself, e.g. a wrapper)
+        self.feed = feed
+        self._feeding = False  # the scheduler has a feed and it is read
+        self._fwait: set[Client] = set()  # waiting in the core, per the feed
+        self._fdirty: set[Client] = set()  # may be in _fwait xor _acked_wait
+        self._fleft: set[Client] = set()  # left the waiting set at a look since the ack
+        self._wmode_feed = False  # the last sync took its waiting set from the feed
         self.degraded = False
         self.floor: float | None = None
         self._incarnation = uuid.uuid4().hex
@@ -1068,6 +1103,12 @@ class SharedCounters:
             return
         with self._sync_lock:
             if self._scheduler is None:
+                # only a core itself: a wrapper may change what services() says
+                self._feeding = self.feed and isinstance(scheduler, Scheduler)
+                if self._feeding:
+                    # the slot starts again: the first read is full (and its services
+                    # are compared with these, so what was charged before counts as in)
+                    scheduler.reset_changes(SYNC_CHANGES_READER)  # type: ignore[attr-defined]
                 self._seen = dict(scheduler.services())
                 self._scheduler = scheduler
             elif self._scheduler is not scheduler:
@@ -1076,14 +1117,19 @@ class SharedCounters:
                     "use one SharedCounters per scheduler"
                 )
 
-    def _fold(self, scheduler: SchedulerLike) -> dict[Client, float]:
+    def _fold(self, scheduler: SchedulerLike) -> Mapping[Client, float]:
         """Move the service charged since the last fold into the unacknowledged amounts.
 
-        Reads every tenant's service (one core call) and compares it with the
-        last reading (one comprehension, ~65 ns a tenant); the rest of the
-        per-tenant work is only for the tenants whose service changed
-        (:meth:`fold_changed`).  Returns the services read.
+        With the change feed (:attr:`feed`): reads only the tenants changed since
+        the last read (:meth:`_read_feed`); otherwise every tenant's service (one
+        core call) compared with the last reading (~65 ns a tenant).  The rest
+        of the per-tenant work is only for the tenants whose service changed
+        (:meth:`fold_changed`).  Returns every tenant's service at the fold
+        (with the feed: what was seen, the same values).
         """
+        if self._feeding:
+            self._read_feed(scheduler)
+            return self._seen
         snap = scheduler.services()
         seen = self._seen
         self.fold_changed([(c, v) for c, v in snap.items() if seen.get(c) != v])
@@ -1111,6 +1157,54 @@ class SharedCounters:
                     k = encode(c)
                     unacked[k] = unacked.get(k, 0.0) + d
 
+    def _read_feed(self, scheduler: SchedulerLike) -> None:
+        """One read of the change feed: fold the services changed, follow the waiting set.
+
+        A full read (the first, or after ``reset_changes``) is today's full path:
+        every live tenant, what was seen replaced (dropping forgotten tenants).
+        Otherwise only the changed rows: the ``gone`` keys (forgotten by
+        ``forget_idle``) are dropped from what was seen first, as :meth:`forgot`
+        does, so a key forgotten and back again counts its new service in full.
+        """
+        with self._sync_lock:
+            full, rows, gone = scheduler.changes(SYNC_CHANGES_READER)  # type: ignore[attr-defined]
+            seen, fwait, fdirty, fleft = self._seen, self._fwait, self._fdirty, self._fleft
+            self.stats.feed_reads += 1
+            self.stats.feed_full_reads += full
+            self.stats.feed_rows += len(rows) + len(gone)
+            if full:
+                snap = {c: r[1] for c, r in rows.items()}
+                self.fold_changed([(c, v) for c, v in snap.items() if seen.get(c) != v])
+                self._seen = snap
+                now = {c for c, r in rows.items() if r[4]}
+                fdirty |= now ^ self._acked_wait
+                fleft |= self._acked_wait - now
+                self._fwait = now
+                return
+            for c in gone:
+                seen.pop(c, None)
+                if c in fwait:
+                    fwait.discard(c)
+                    fdirty.add(c)
+                    fleft.add(c)
+            self.fold_changed([(c, r[1]) for c, r in rows.items() if seen.get(c) != r[1]])
+            for c, r in rows.items():
+                if r[4]:
+                    if c not in fwait:
+                        fwait.add(c)
+                        fdirty.add(c)
+                elif c in fwait:
+                    fwait.discard(c)
+                    fdirty.add(c)
+                    fleft.add(c)
+            if self._queues:  # tracked requests of tenants with nothing waiting: done
+                with self._lock:
+                    for c in gone:
+                        self._queues.pop(c, None)
+                    for c, r in rows.items():
+                        if not r[4]:
+                            self._queues.pop(c, None)
+
     def unsynced(self, scheduler: SchedulerLike, client: Client) -> float:
         """Service of ``client`` charged here that the store has not acknowledged."""
         with self._sync_lock:
@@ -1128,7 +1222,9 @@ class SharedCounters:
         with self._sync_lock:
             self.before_forget(scheduler)
             n = scheduler.forget_idle()
-            if n:
+            if n and self._feeding:
+                self._read_feed(scheduler)  # the forgotten come back as gone
+            elif n:
                 live = scheduler.services()
                 self.forgot([c for c in self._seen if c not in live])
             return n
@@ -1202,7 +1298,7 @@ class SharedCounters:
     def on_step(
         self,
         scheduler: SchedulerLike,
-        waiting: Iterable[Client] | Callable[[], Iterable[Client]] | None = None,
+        waiting: Waiting | Callable[[], Iterable[Client]] = None,
     ) -> bool:
         """Call once per engine step; syncs when ``sync_interval`` steps (or ``sync_ms``) passed.
 
@@ -1222,7 +1318,7 @@ class SharedCounters:
             waiting = waiting()
         return self.sync(scheduler, waiting)
 
-    def sync(self, scheduler: SchedulerLike, waiting: Iterable[Client] | None = None) -> bool:
+    def sync(self, scheduler: SchedulerLike, waiting: Waiting = None) -> bool:
         """One push + pull round trip now (two if the store asks for a full resync).
 
         ``waiting`` overrides the tracked waiting set (an engine that knows its
@@ -1236,18 +1332,38 @@ class SharedCounters:
         whose service changed (:meth:`_fold`) and the counters the store
         returns (those written since the version acknowledged last, plus a
         small scrub batch).  A sync after any fault, or the first, is full.
+        With the change feed and ``waiting=CORE_WAITING`` none of it reads
+        every tenant: the services and waiting counts come from the tenants
+        changed since the last read (:meth:`_read_feed`).
         """
         with self._sync_lock:
             self.attach(scheduler)
             now = self.clock()
-            wait = set(waiting) if waiting is not None else self.waiting(scheduler)
-            self._continuous &= wait
+            feed_wait = isinstance(waiting, _CoreWaiting)
+            if feed_wait and not self._feeding:
+                waiting = [c for c, (w, _) in scheduler.active_clients().items() if w]  # type: ignore[attr-defined]
+                feed_wait = False
+            if self._feeding:
+                snap = self._fold(scheduler)  # every look reads the feed (the waiting set)
+            if feed_wait != self._wmode_feed:  # the waiting set's source changed
+                if feed_wait:
+                    self._fdirty = self._fwait ^ self._acked_wait
+                    self._fleft = self._acked_wait - self._continuous
+                else:
+                    self._continuous = self._acked_wait - self._fleft
+                self._wmode_feed = feed_wait
+            if feed_wait:
+                wait = self._fwait  # kept by the feed reads; not changed until the next
+            else:
+                wait = set(waiting) if waiting is not None else self.waiting(scheduler)  # type: ignore[arg-type]
+                self._continuous &= wait
             if self._retry_at is not None and now < self._retry_at:
                 return False
-            snap = self._fold(scheduler)
+            if not self._feeding:
+                snap = self._fold(scheduler)
             began = time.perf_counter()
             try:
-                reply, pull = self._round_trip(scheduler, wait)
+                reply, pull = self._round_trip(scheduler, wait, feed_wait)
                 for _ in range(2):  # at most: refused as a duplicate, then a resync
                     if reply.status == "duplicate":
                         self._rename()
@@ -1256,7 +1372,7 @@ class SharedCounters:
                         self._full = True
                     else:
                         break
-                    reply, pull = self._round_trip(scheduler, wait)
+                    reply, pull = self._round_trip(scheduler, wait, feed_wait)
                 if reply.status != "ok":
                     raise RuntimeError(f"store answered {reply.status!r} to a full sync")
                 if len(reply.counters) != len(pull):
@@ -1282,8 +1398,18 @@ class SharedCounters:
             self._full = False
             self._acked_seq = self._seq
             self._unacked = {}
-            self._acked_wait = wait
-            self._continuous = set(wait)
+            if feed_wait:  # the acknowledged set follows the changes only
+                acked, fwait = self._acked_wait, self._fwait
+                for c in self._fdirty:
+                    if c in fwait:
+                        acked.add(c)
+                    else:
+                        acked.discard(c)
+                self._fdirty.clear()
+                self._fleft.clear()
+            else:
+                self._acked_wait = wait
+                self._continuous = set(wait)
             self._since = reply.version or 0
             self._cursor = reply.cursor
             self.floor = reply.floor
@@ -1318,15 +1444,16 @@ class SharedCounters:
         scheduler.raise_counters(raise_to)  # one call into the core
 
     def _round_trip(
-        self, scheduler: SchedulerLike, wait: set[Client]
+        self, scheduler: SchedulerLike, wait: set[Client], feed_wait: bool = False
     ) -> tuple[SyncReply, list[str]]:
         push = dict(self._unacked)
         keep: list[str] = []
         hints: dict[str, float] = {}
         since: int | None = None
         if self._full:
-            keep = sorted(map(encode, wait & self._continuous))
-            add, rem = sorted(map(encode, wait - self._continuous)), []
+            cont = self._acked_wait - self._fleft if feed_wait else self._continuous
+            keep = sorted(map(encode, wait & cont))
+            add, rem = sorted(map(encode, wait - cont)), []
             for c in wait | {decode(k) for k in push}:
                 v = scheduler.counter(c)
                 if v > 0:
@@ -1334,6 +1461,12 @@ class SharedCounters:
             self.stats.full_syncs += 1
             if self.delta:
                 since, self._cursor = 0, "0"
+        elif feed_wait:  # only the tenants whose waiting count changed
+            acked, dirty = self._acked_wait, self._fdirty
+            add = sorted(encode(c) for c in dirty if c in wait and c not in acked)
+            rem = sorted(encode(c) for c in dirty if c not in wait and c in acked)
+            if self.delta:
+                since = self._since
         else:
             add = sorted(map(encode, wait - self._acked_wait))
             rem = sorted(map(encode, self._acked_wait - wait))
@@ -1405,7 +1538,7 @@ class SharedCounters:
         self,
         scheduler: SchedulerLike,
         interval_ms: float | None = None,
-        waiting: Callable[[], Iterable[Client]] | None = None,
+        waiting: Callable[[], Iterable[Client]] | _CoreWaiting | None = None,
     ) -> None:
         """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms``, else
         :data:`vtc.config.DEFAULT_SYNC_MS`: 50 ms).
@@ -1425,7 +1558,8 @@ class SharedCounters:
         def loop() -> None:
             while not self._stop.wait(period):
                 try:
-                    self.sync(scheduler, None if waiting is None else waiting())
+                    w: Waiting = waiting() if callable(waiting) else waiting
+                    self.sync(scheduler, w)
                 except Exception as e:  # noqa: BLE001 - the thread must outlive any fault
                     if not self._loop_error_logged:
                         log.exception("vtc: shared-counter sync failed; retrying")

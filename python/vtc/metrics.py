@@ -61,14 +61,16 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+from vtc.config import METRICS_CHANGES_READER
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
 
 #: the reader slot of ``Scheduler.changes`` the metrics use (one TenantMetrics per
-#: core: a new one starts the slot again); the other slots are for other readers
-CHANGES_READER = 0
+#: core: a new one starts the slot again); the slots are assigned in :mod:`vtc.config`
+#: (the shared-counter sync reads ``SYNC_CHANGES_READER``)
+CHANGES_READER = METRICS_CHANGES_READER
 
 OTHER = "_other"
 """The ``tenant`` label of the tenants beyond ``max_tenants``."""

@@ -11,8 +11,9 @@ With ``VTC_REDIS_URL`` set, :class:`vtc.adapter.Adapter` adds a
 * reads what the core charged before it forgets idle tenants, and drops the
   forgotten ones afterwards (service is never lost or counted twice);
 * syncs from a background thread every ``VTC_SYNC_MS`` (default 50 ms), off
-  the engine's critical path: the waiting tenants come from the core
-  (``Scheduler.active_clients``), which is thread-safe. With
+  the engine's critical path: the waiting tenants come from the core's change
+  feed (``Scheduler.changes``: only the tenants changed since the last sync),
+  which is thread-safe. With
   ``VTC_SYNC_MODE=step`` it syncs on the engine thread instead, every
   ``VTC_SYNC_INTERVAL`` steps.
 
@@ -55,11 +56,21 @@ class SharedCounterSync(Observer):
         self._log = log or _log
         shared.attach(core)
         if background:
-            shared.start(core, interval_ms=interval_ms, waiting=self.waiting)
+            shared.start(core, interval_ms=interval_ms, waiting=self._waiting)
 
     def waiting(self) -> list[Client]:
         """The tenants with requests waiting in the core (set-aside ones included)."""
         return [c for c, (w, _) in self.core.active_clients().items() if w]
+
+    def _waiting(self) -> Any:
+        """What each sync takes for the waiting set: the core's change feed
+        (``CORE_WAITING``: only the tenants changed since the last sync), unless
+        :meth:`waiting` was replaced on this object or the synchronizer has no feed
+        (an older one): then what :meth:`waiting` returns, read at each sync."""
+        feed = getattr(self.shared, "CORE_WAITING", None)
+        if feed is None or "waiting" in self.__dict__:
+            return self.waiting()
+        return feed
 
     def arriving(self, tenant: str) -> None:
         floor = self.shared.floor
@@ -74,7 +85,7 @@ class SharedCounterSync(Observer):
 
     def stepped(self, adapter: AdapterView) -> None:
         if not self.background:
-            self.shared.on_step(self.core, self.waiting)  # read only when a sync is due
+            self.shared.on_step(self.core, self._waiting)  # read only when a sync is due
 
     def close(self) -> None:
         """Stop syncing; a last sync pushes what is left and takes this replica's
