@@ -99,6 +99,40 @@ def test_sync(benchmark, url, tenants):
     )
 
 
+@pytest.mark.parametrize("tenants", [1000, 10_000])
+def test_sync_core_waiting(benchmark, url, tenants):
+    """``test_sync`` as the engines sync: the waiting set from the core. With the change
+    feed ``CORE_WAITING`` (only the tenants changed since the last sync); a
+    ``distributed.py`` without one gets ``active_clients()`` read each sync, as
+    ``SharedCounterSync.waiting`` did."""
+    s = vtc.Scheduler(1 << 20)
+    st = D.RedisStore.from_url(url, f"bench-core-{tenants}", timeout_ms=5000)
+    shared = D.SharedCounters(st, replica_id="bench")
+    running = list(range(tenants))
+    for c in running:
+        s.submit(c, c, 10)
+    s.schedule()  # one running request per tenant ...
+    for c in running:
+        s.submit(tenants + c, c, 10)  # ... and one waiting
+    charged = running[::10]  # a tenth of the tenants get service per step
+    core = getattr(D, "CORE_WAITING", None)
+
+    def waiting():
+        if core is not None:
+            return core
+        return [c for c, (w, _) in s.active_clients().items() if w]
+
+    shared.sync(s, waiting())
+
+    def step():
+        s.decode(charged, 1)
+        shared.sync(s, waiting())
+
+    rounds = 300 if tenants <= 1000 else 40
+    benchmark.group = "sync-core-waiting"
+    benchmark.pedantic(step, rounds=rounds, iterations=1, warmup_rounds=5)
+
+
 # (tenants, mode): rounds (engine steps timed). Background: ~1-2 s of steps, so the
 # thread syncs 20-40 times while they run; on the engine thread: 20-100 syncs.
 STEP_CASES = {
