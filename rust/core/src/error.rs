@@ -124,7 +124,7 @@ impl fmt::Display for CoreError {
             InvalidReader(r) => write!(
                 f,
                 "reader must be an int in [0, {}), got {r}",
-                crate::scheduler::READERS
+                crate::limits::READERS
             ),
             InvalidClientCap(c) => write!(
                 f,

@@ -55,3 +55,7 @@ pub fn counter_ok(v: f64) -> bool {
 pub fn price_ok(p: f64) -> bool {
     (0.0..=MAX_PRICE).contains(&p)
 }
+
+/// Change-feed reader slots (`Scheduler::changes`): independent cursors over
+/// the clients' changes, each reader's own.
+pub const READERS: usize = 4;

@@ -43,8 +43,7 @@ use crate::client::ClientId;
 use crate::error::{CoreError, Result};
 use crate::keys::ClientKey;
 
-/// Reader slots: independent cursors over the clients' changes.
-pub const READERS: usize = 4;
+pub use crate::limits::READERS;
 
 /// A client forgotten since a reader's last read: its id then and its key.
 pub type Gone = (ClientId, Option<ClientKey>);
