@@ -38,6 +38,8 @@ HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin"
 #: a server starts in 40-65 s here, up to 150 s on a loaded machine
 START_DEADLINE = 600.0
+# SGLang's log line once its warm-up request is served (sglang/srt/entrypoints/http_server.py)
+READY_LINE = "The server is fired up and ready to roll!"
 #: a condition on the server's records (a queue length, a response)
 DEADLINE = 600.0
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
@@ -118,16 +120,29 @@ class Server:
             return json.load(r)
 
     def wait_ready(self) -> None:
+        """Until SGLang answers ``/model_info`` and has served its own warm-up
+        request: ``launch_server`` sends one (``input_ids`` [10, 11, 12]) once the
+        HTTP server is up, so ``/model_info`` can answer first, and a warm-up
+        still queued on a busy machine would be counted by a test's
+        ``num_waiting_reqs`` wait and race its submissions. SGLang logs
+        READY_LINE after the warm-up (or at once with --skip-server-warmup)."""
         deadline = time.monotonic() + START_DEADLINE
+        answered = False
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"SGLang exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                self.get("/model_info")
+            if not answered:
+                try:
+                    self.get("/model_info")
+                    answered = True
+                except (OSError, urllib.error.URLError, ValueError):
+                    time.sleep(0.5)
+                    continue
+            if READY_LINE in self.log.read_text(errors="replace"):
                 return
-            except (OSError, urllib.error.URLError, ValueError):
-                time.sleep(0.5)
-        pytest.fail(f"SGLang did not answer /model_info in {START_DEADLINE:.0f} s:\n{self.tail()}")
+            time.sleep(0.5)
+        what = "finish its warm-up" if answered else "answer /model_info"
+        pytest.fail(f"SGLang did not {what} in {START_DEADLINE:.0f} s:\n{self.tail()}")
 
     def load(self) -> dict[str, int]:
         (load,) = self.get("/v1/loads")["loads"]
