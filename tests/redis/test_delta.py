@@ -7,48 +7,12 @@ counter ever depends on the deltas alone."""
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
+from sync_helpers import Recording, serve_all, wait_for
 
 import vtc
 from vtc import distributed as D
-
-DEADLINE_S = 60.0
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.01)
-
-
-class Recording:
-    """A store that records each request and reply; ``drop`` loses the next reply(ies)
-    after the script ran (the store applied the request; the replica never hears)."""
-
-    def __init__(self, inner: D.RedisStore) -> None:
-        self.inner = inner
-        self.prefix = inner.prefix
-        self.requests: list[D.SyncRequest] = []
-        self.replies: list[D.SyncReply] = []
-        self.drop = 0
-
-    def sync(self, req: D.SyncRequest) -> D.SyncReply:
-        self.requests.append(req)
-        reply = self.inner.sync(req)
-        if self.drop:
-            self.drop -= 1
-            raise TimeoutError("the reply was lost")
-        self.replies.append(reply)
-        return reply
-
-    def counters(self):
-        return self.inner.counters()
-
-    def backlog(self):
-        return self.inner.backlog()
 
 
 def shared(server, rid: str, sched, ns: str = "d", store_cls=D.RedisStore, **kw):
@@ -59,26 +23,11 @@ def shared(server, rid: str, sched, ns: str = "d", store_cls=D.RedisStore, **kw)
     return out, st
 
 
-_rid = iter(range(1, 1 << 30))
-
-
-def charge(s: vtc.Scheduler, tokens: dict[str, int]) -> None:
-    """One request per tenant, admitted and finished: each is charged ``tokens`` (wp = 1)."""
-    rids = {}
-    for tenant, n in tokens.items():
-        rids[tenant] = next(_rid)
-        s.submit(rids[tenant], tenant, n)
-    admitted = s.schedule()
-    assert set(rids.values()) <= set(admitted)
-    for rid in rids.values():
-        s.finish(rid)
-
-
 def test_a_delta_sync_sends_and_pulls_only_what_changed(redis_server):
     s = vtc.Scheduler(1 << 20)
     sh, st = shared(redis_server, "r0", s)
     tenants = [f"t{k}" for k in range(300)]
-    charge(s, dict.fromkeys(tenants, 10))
+    serve_all(s, dict.fromkeys(tenants, 10))
     assert sh.sync(s, tenants)
     first = st.requests[-1]
     assert first.full and first.since == 0 and len(st.replies[-1].changed) == 300
@@ -91,21 +40,21 @@ def test_a_delta_sync_sends_and_pulls_only_what_changed(redis_server):
     assert len(a.changed) < 60  # the scrub (SSCAN COUNT 16, approximate), not 300
 
     # one arrival, one departure, one tenant charged
-    charge(s, {"t7": 5})
+    serve_all(s, {"t7": 5})
     wait = [*tenants[1:], "new"]
     assert sh.sync(s, wait)
     q = st.requests[-1]
     assert q.add == ["s:new"] and q.remove == ["s:t0"] and q.services == {"s:t7": 5.0}
     assert q.pull == []  # both wait here: their counters come back as changed
     assert st.replies[-1].changed["s:t7"] == 15.0 and "s:new" in st.replies[-1].changed
-    charge(s, {"gone": 3})  # charged here, waiting nowhere: pulled by name
+    serve_all(s, {"gone": 3})  # charged here, waiting nowhere: pulled by name
     assert sh.sync(s, wait) and st.requests[-1].pull == ["s:gone"]
     assert st.replies[-1].counters == [3.0]
 
     # another replica charges t9 (waiting here too): its new counter comes back here
     s1 = vtc.Scheduler(1 << 20)
     sh1, _ = shared(redis_server, "r1", s1)
-    charge(s1, {"t9": 1000})
+    serve_all(s1, {"t9": 1000})
     assert sh1.sync(s1, [])
     assert sh.sync(s, wait)
     a = st.replies[-1]
@@ -119,7 +68,7 @@ def test_the_scrub_repairs_a_counter_edited_in_place_within_a_few_syncs(redis_se
     s = vtc.Scheduler(1 << 20)
     sh, st = shared(redis_server, "r0", s)
     tenants = [f"t{k}" for k in range(200)]
-    charge(s, dict.fromkeys(tenants, 10))
+    serve_all(s, dict.fromkeys(tenants, 10))
     assert sh.sync(s, tenants)
     redis_server.client().hset(st.prefix + "counter", "s:t123", "abc")
     wait_for(
@@ -132,13 +81,13 @@ def test_the_scrub_repairs_a_counter_edited_in_place_within_a_few_syncs(redis_se
 def test_a_lost_reply_falls_back_to_a_full_sync_and_counts_once(redis_server):
     s = vtc.Scheduler(1 << 20)
     sh, st = shared(redis_server, "r0", s)
-    charge(s, {"A": 100, "B": 50})
+    serve_all(s, {"A": 100, "B": 50})
     assert sh.sync(s, ["A", "B"])
-    charge(s, {"A": 30})
+    serve_all(s, {"A": 30})
     st.drop = 1
     assert not sh.sync(s, ["A", "B", "C"])  # applied by the store, the reply lost
     assert sh.degraded
-    charge(s, {"A": 7, "C": 1})
+    serve_all(s, {"A": 7, "C": 1})
     assert sh.sync(s, ["A", "C"])
     q = st.requests[-1]
     assert q.full and q.since == 0  # the versions of the lost reply are never relied on
@@ -152,18 +101,18 @@ def test_data_loss_between_syncs_falls_back_to_a_full_sync(redis_server, fault):
     s0, s1 = vtc.Scheduler(1 << 20), vtc.Scheduler(1 << 20)
     sh0, st0 = shared(redis_server, "r0", s0)
     sh1, st1 = shared(redis_server, "r1", s1)
-    charge(s0, {"A": 400, "B": 100})
-    charge(s1, {"B": 300})
+    serve_all(s0, {"A": 400, "B": 100})
+    serve_all(s1, {"B": 300})
     assert sh0.sync(s0, ["A", "B"]) and sh1.sync(s1, ["B"])
     for _ in range(3):  # the versions grow past what an empty store starts from
-        charge(s1, {"B": 10})
+        serve_all(s1, {"B": 10})
         assert sh1.sync(s1, ["B"]) and sh0.sync(s0, ["A", "B"])
     assert st0.counters() == {"A": 400.0, "B": 430.0}
     if fault == "flushall":
         redis_server.client().flushall()
     else:
         redis_server.restart()  # no persistence: empty again
-    charge(s1, {"B": 5})
+    serve_all(s1, {"B": 5})
     assert sh1.sync(s1, ["B"])  # r1 re-sends its state (B's counter from its hint)
     assert st1.requests[-1].full and st1.requests[-1].since == 0
     assert sh0.sync(s0, ["A", "B"])
@@ -171,7 +120,7 @@ def test_data_loss_between_syncs_falls_back_to_a_full_sync(redis_server, fault):
     # nothing lost: A keeps its counter (from r0's hint), B its deficit and r1's 5
     got = st0.counters()
     assert got["A"] == 400.0 and got["B"] >= 435.0
-    charge(s1, {"B": 1})
+    serve_all(s1, {"B": 1})
     assert sh1.sync(s1, ["B"]) and sh0.sync(s0, ["A", "B"])
     assert not st0.requests[-1].full and s0.counter("B") == st0.counters()["B"]
 
@@ -181,10 +130,10 @@ def test_a_mangled_version_key_is_not_fatal_and_loses_no_change(redis_server, ba
     s0, s1 = vtc.Scheduler(1 << 20), vtc.Scheduler(1 << 20)
     sh0, st0 = shared(redis_server, "r0", s0)
     sh1, _ = shared(redis_server, "r1", s1)
-    charge(s0, {"A": 10})
+    serve_all(s0, {"A": 10})
     assert sh0.sync(s0, ["A"]) and sh1.sync(s1, [])
     for _ in range(5):
-        charge(s1, {"A": 1})
+        serve_all(s1, {"A": 1})
         assert sh1.sync(s1, []) and sh0.sync(s0, ["A"])
     r, key = redis_server.client(), st0.prefix + "ver"
     if bad == "hash":
@@ -194,11 +143,11 @@ def test_a_mangled_version_key_is_not_fatal_and_loses_no_change(redis_server, ba
         r.delete(key)
     else:
         r.set(key, bad)
-    charge(s1, {"A": 100})
+    serve_all(s1, {"A": 100})
     assert sh1.sync(s1, [])
     assert sh0.sync(s0, ["A"]) or sh0.sync(s0, ["A"])  # at most one resync
     assert s0.counter("A") == st0.counters()["A"] == 115.0
-    charge(s1, {"A": 1})
+    serve_all(s1, {"A": 1})
     assert sh1.sync(s1, []) and sh0.sync(s0, ["A"])
     assert s0.counter("A") == 116.0 and not sh0.degraded and not sh1.degraded
 
@@ -222,9 +171,9 @@ def test_a_replica_of_an_older_version_is_detected_and_pulled_from_in_full(redis
     sh0, st0 = shared(redis_server, "r0", s0, liveness_ms=300)
     old, _ = shared(redis_server, "old", sl, store_cls=_Legacy, delta=False, liveness_ms=300)
     tenants = [f"t{k}" for k in range(100)]
-    charge(s0, dict.fromkeys(tenants, 10))
+    serve_all(s0, dict.fromkeys(tenants, 10))
     assert sh0.sync(s0, tenants) and old.sync(sl, [])
-    charge(sl, {"t5": 500})
+    serve_all(sl, {"t5": 500})
     assert old.sync(sl, [])  # written without a version
     assert sh0.sync(s0, tenants)
     assert st0.replies[-1].changed["s:t5"] == 510.0 and s0.counter("t5") == 510.0

@@ -5,21 +5,12 @@ namespaces harm nothing (issue 15, items 1-5)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from sync_helpers import serve_all, wait_for
 
 import vtc
 from vtc import distributed as D
-
-DEADLINE_S = 60.0
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.01)
 
 
 def shared(server, rid: str, sched=None, ns: str = "f", **kw) -> D.SharedCounters:
@@ -38,18 +29,6 @@ _rid = iter(range(1, 1 << 30))
 def serve(s: vtc.Scheduler, tenant: str, tokens: int) -> None:
     """Charge ``tenant`` ``tokens`` prompt tokens (wp = 1): admit one request, finish it."""
     serve_all(s, {tenant: tokens})
-
-
-def serve_all(s: vtc.Scheduler, tokens: dict[str, int]) -> None:
-    """One request per tenant, submitted together (so none lifts another), admitted, finished."""
-    rids = {}
-    for tenant, n in tokens.items():
-        rids[tenant] = next(_rid)
-        s.submit(rids[tenant], tenant, n)
-    admitted = s.schedule()
-    assert set(rids.values()) <= set(admitted)
-    for rid in rids.values():
-        s.finish(rid)
 
 
 # -- 1. reconciliation keeps a tenant's deficit ------------------------------------------

@@ -10,6 +10,7 @@ import itertools
 import random
 
 import pytest
+from sync_helpers import Recording
 
 import vtc
 from vtc import distributed as D
@@ -17,29 +18,6 @@ from vtc.config import METRICS_CHANGES_READER, SYNC_CHANGES_READER
 from vtc.metrics import CHANGES_READER
 
 _rid = itertools.count(1)
-
-
-class Recording:
-    """A store that records each request; ``drop`` loses the next reply (applied)."""
-
-    def __init__(self, inner: D.RedisStore) -> None:
-        self.inner = inner
-        self.requests: list[D.SyncRequest] = []
-        self.drop = 0
-
-    def sync(self, req: D.SyncRequest) -> D.SyncReply:
-        self.requests.append(req)
-        reply = self.inner.sync(req)
-        if self.drop:
-            self.drop -= 1
-            raise TimeoutError("the reply was lost")
-        return reply
-
-    def counters(self):
-        return self.inner.counters()
-
-    def backlog(self):
-        return self.inner.backlog()
 
 
 def store(server, ns: str) -> Recording:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
+import sync_helpers
 from replica import TENANTS, M, ctx, run
 
 from vtc import distributed as D
@@ -23,12 +23,9 @@ def bound(replicas: int) -> float:
 DEADLINE_S = 120.0  # generous: the 2-core machine may be busy with other work
 
 
-def wait_for(cond, what: str, timeout: float = DEADLINE_S) -> None:
-    """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.02)
+def wait_for(cond, what: str) -> None:
+    """:func:`sync_helpers.wait_for` with this module's longer deadline."""
+    sync_helpers.wait_for(cond, what, DEADLINE_S, every=0.02)
 
 
 def launch(

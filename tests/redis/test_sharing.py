@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 
 import pytest
+from sync_helpers import wait_for
 
 import vtc
 from vtc.adapter import Adapter
 from vtc.config import ConfigError, EngineConfig
 
-DEADLINE_S = 60.0
 M, PROMPT, OUTPUT = 1000, 100, 20
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.005)
 
 
 def adapter(url: str | None, replica: str, ns: str = "share", **env: str) -> Adapter:
