@@ -473,3 +473,52 @@ def test_statuses_answers_many_ids_at_once(cls):
         s.statuses(np.zeros((2, 2), dtype=np.int64))
     with pytest.raises(TypeError):
         s.statuses(5)
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "exc", "message"),
+    [
+        (lambda s: s.submit(1, True, 10), "client", TypeError, "client must be an int or a str"),
+        (lambda s: s.submit(1, "a", "x"), "prompt_len", TypeError, "prompt_len must be an int"),
+        (
+            lambda s: s.submit(-1, "a", 10),
+            "request_id",
+            vtc.InvalidArgumentError,
+            "request_id must be in",
+        ),
+        (
+            lambda s: s.submit(1, "a", 10, 2**70),
+            "cached_len",
+            vtc.InvalidArgumentError,
+            "cached_len",
+        ),
+        (
+            lambda s: s.submit(1, "a", 10, priority=1.5),
+            "priority",
+            TypeError,
+            "priority must be an int",
+        ),
+        (lambda s: s.set_weight("a", "w"), "weight", TypeError, "weight must be a number"),
+        (lambda s: s.raise_counter(2**70, 1.0), "client", vtc.InvalidArgumentError, "does not fit"),
+        (
+            lambda s: s.decode_all(2**70),
+            "tokens",
+            vtc.InvalidArgumentError,
+            "tokens 1180591620717411303424 exceeds",
+        ),
+        (lambda s: s.finish("1"), "request_id", TypeError, "request_id must be an int"),
+    ],
+)
+def test_a_bad_argument_keeps_its_message_and_type_and_is_noted_by_name(call, name, exc, message):
+    """Arguments are read by the binding's `FromPyObject` shapes (args.rs) before
+    the method runs: the error is the reference's (same type, same message) and
+    PyO3 notes which argument it was; nothing changes."""
+    s = vtc.Scheduler(M=100)
+    ref = reference.Scheduler(M=100)
+    before = state(s)
+    with pytest.raises(exc, match=message) as got:
+        call(s)
+    assert got.value.__notes__ == [f"while processing '{name}'"]
+    with pytest.raises(exc, match=message):
+        call(ref)
+    assert state(s) == before

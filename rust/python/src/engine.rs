@@ -9,12 +9,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList};
 use vtc_core::{CoreError, Tokens};
 
+use crate::args::{
+    CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
+};
 use crate::convert::{
-    i64_arg, int_arg, int_arg_sat, missing_arg, request_id_arg, rid_of, sized_len, tokens_of, Ints,
-    Outputs,
+    int_arg, int_arg_sat, missing_arg, rid_of, sized_len, tokens_of, Ints, Outputs,
 };
 use crate::errors::{invalid, Error, Result};
-use crate::keys::client_arg;
 use crate::lookup::PyLookup;
 use crate::{PyScheduler, DETACH_MIN};
 
@@ -41,31 +42,24 @@ impl PyScheduler {
     fn submit(
         &self,
         py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-        client: &Bound<'_, PyAny>,
-        prompt_len: &Bound<'_, PyAny>,
-        cached_len: Option<&Bound<'_, PyAny>>,
-        predicted_output: Option<&Bound<'_, PyAny>>,
-        priority: Option<&Bound<'_, PyAny>>,
+        request_id: RequestId,
+        client: Client<'_>,
+        prompt_len: Int<PromptLen>,
+        cached_len: Option<Int<CachedLen>>,
+        predicted_output: Option<Int<PredictedOutput>>,
+        priority: Option<Int<Priority>>,
     ) -> Result<()> {
-        let rid = request_id_arg(request_id)?;
-        let key = client_arg(client)?;
-        let prompt = i64_arg("prompt_len", prompt_len)?;
-        let cached = cached_len
-            .map(|c| i64_arg("cached_len", c))
-            .transpose()?
-            .unwrap_or(0);
-        let predicted = predicted_output
-            .map(|p| i64_arg("predicted_output", p))
-            .transpose()?;
-        let priority = priority
-            .map(|p| i64_arg("priority", p))
-            .transpose()?
-            .unwrap_or(0);
-        Ok(self
-            .lock(py)?
-            .core
-            .submit_keyed(rid, &key, prompt, cached, predicted, priority)?)
+        let cached = cached_len.map_or(0, |c| c.0);
+        let predicted = predicted_output.map(|p| p.0);
+        let priority = priority.map_or(0, |p| p.0);
+        Ok(self.lock(py)?.core.submit_keyed(
+            request_id.0,
+            &client.0,
+            prompt_len.0,
+            cached,
+            predicted,
+            priority,
+        )?)
     }
 
     fn schedule<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyList>> {
@@ -213,11 +207,8 @@ impl PyScheduler {
     /// tokens (default 1), no ids passed; the charges of `decode(<every
     /// running id>, tokens)`. No capacity check; all or nothing.
     #[pyo3(signature = (tokens = None))]
-    fn decode_all(&self, py: Python<'_>, tokens: Option<&Bound<'_, PyAny>>) -> Result<()> {
-        let t = match tokens {
-            None => 1,
-            Some(t) => int_arg("tokens", t).and_then(tokens_of)?,
-        };
+    fn decode_all(&self, py: Python<'_>, tokens: Option<TokenCount>) -> Result<()> {
+        let t = tokens.map_or(1, |t| t.0);
         let mut g = self.lock(py)?;
         if g.core.num_running() >= DETACH_MIN {
             py.detach(|| g.core.decode_all(t))?;
@@ -268,21 +259,18 @@ impl PyScheduler {
         )
     }
 
-    fn finish(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
-        let rid = request_id_arg(request_id)?;
-        self.lock(py)?.core.finish(rid)?;
+    fn finish(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {
+        self.lock(py)?.core.finish(request_id.0)?;
         Ok(())
     }
 
-    fn cancel(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
-        let rid = request_id_arg(request_id)?;
-        self.lock(py)?.core.cancel(rid)?;
+    fn cancel(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {
+        self.lock(py)?.core.cancel(request_id.0)?;
         Ok(())
     }
 
-    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
-        let rid = request_id_arg(request_id)?;
-        self.lock(py)?.core.preempt(rid)?;
+    fn preempt(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {
+        self.lock(py)?.core.preempt(request_id.0)?;
         Ok(())
     }
 
@@ -310,9 +298,8 @@ impl PyScheduler {
         }
     }
 
-    fn put_back(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<()> {
-        let rid = request_id_arg(request_id)?;
-        self.lock(py)?.core.put_back(rid)?;
+    fn put_back(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {
+        self.lock(py)?.core.put_back(request_id.0)?;
         Ok(())
     }
 

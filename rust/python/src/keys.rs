@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
+use pyo3::Borrowed;
 use vtc_core::{ClientKey, KeyRef};
 
 use crate::convert::type_error;
@@ -13,8 +14,8 @@ use crate::errors::{invalid, Result};
 
 /// The key bytes of a str: borrowed UTF-8 when it is valid Unicode, else
 /// `str.encode(s, "utf-8", "surrogatepass")` (lone surrogates).
-pub(crate) fn str_key<'a>(s: &'a Bound<'_, PyString>) -> Result<Cow<'a, [u8]>> {
-    if let Ok(t) = s.to_str() {
+pub(crate) fn str_key<'a>(s: Borrowed<'a, '_, PyString>) -> Result<Cow<'a, [u8]>> {
+    if let Ok(t) = s.extract::<&'a str>() {
         return Ok(Cow::Borrowed(t.as_bytes()));
     }
     let py = s.py();
@@ -37,7 +38,10 @@ pub(crate) fn str_of<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Bound<'py, PyAn
     }
 }
 
-pub(crate) fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
+/// A client key argument: an int that fits in i64 (never a bool) or a str,
+/// whose bytes are borrowed while the call lasts (the reader behind
+/// `args::Client`, and each key of `raise_counters`' mapping).
+pub(crate) fn client_key<'a>(obj: Borrowed<'a, '_, PyAny>) -> Result<KeyRef<'a>> {
     if let Ok(s) = obj.cast::<PyString>() {
         return Ok(KeyRef::Str(str_key(s)?));
     }
@@ -47,7 +51,7 @@ pub(crate) fn client_arg<'a>(obj: &'a Bound<'_, PyAny>) -> Result<KeyRef<'a>> {
             .map(KeyRef::Int)
             .map_err(|_| invalid(format!("client id {v} does not fit in 64 bits")));
     }
-    Err(type_error("client", "an int or a str", obj))
+    Err(type_error("client", "an int or a str", &obj))
 }
 
 pub(crate) fn key_to_py<'py>(py: Python<'py>, k: &ClientKey) -> PyResult<Bound<'py, PyAny>> {

@@ -15,6 +15,7 @@
 //! that change requests) and `views` (read-only views, snapshots): one class
 //! over several `#[pymethods]` blocks (PyO3's `multiple-pymethods`).
 
+mod args;
 mod convert;
 mod costs;
 mod engine;
@@ -30,10 +31,11 @@ use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict, PyString};
 use vtc_core::{ClientKey, Config, CoreError, Cost, Policy, Predictor};
 
+use args::{Client, Real, Value, Weight};
 use convert::{band_weights_arg, client_cap_arg, float_arg, i64_arg, mapping_items, type_error};
 use costs::{cost_arg, cost_repr, cost_to_py, PyContextCost, PyLinearCost, PyQuadraticCost};
 use errors::{invalid, Error, Result};
-use keys::{client_arg, key_dict};
+use keys::{client_key, key_dict};
 
 /// A keyword argument that tells "not given" (`Given(None)`, its default)
 /// from any value, `None` included (for arguments whose default is not
@@ -329,9 +331,8 @@ impl PyScheduler {
     }
 
     /// Refund credit not yet absorbed by later charges (length prediction).
-    fn credit(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
-        let key = client_arg(client)?;
-        Ok(self.lock(py)?.core.client_by_key(&key).credit())
+    fn credit(&self, py: Python<'_>, client: Client<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.client_by_key(&client.0).credit())
     }
 
     /// The per-client KV cap in tokens, or None.
@@ -373,26 +374,15 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.num_clients())
     }
 
-    fn set_weight(
-        &self,
-        py: Python<'_>,
-        client: &Bound<'_, PyAny>,
-        weight: &Bound<'_, PyAny>,
-    ) -> Result<()> {
-        let key = client_arg(client)?;
-        let w = float_arg("weight", weight)?;
-        Ok(self.lock(py)?.core.set_weight_keyed(&key, w)?)
+    fn set_weight(&self, py: Python<'_>, client: Client<'_>, weight: Real<Weight>) -> Result<()> {
+        Ok(self.lock(py)?.core.set_weight_keyed(&client.0, weight.0)?)
     }
 
-    fn raise_counter(
-        &self,
-        py: Python<'_>,
-        client: &Bound<'_, PyAny>,
-        value: &Bound<'_, PyAny>,
-    ) -> Result<()> {
-        let key = client_arg(client)?;
-        let v = float_arg("value", value)?;
-        Ok(self.lock(py)?.core.raise_counter_keyed(&key, v)?)
+    fn raise_counter(&self, py: Python<'_>, client: Client<'_>, value: Real<Value>) -> Result<()> {
+        Ok(self
+            .lock(py)?
+            .core
+            .raise_counter_keyed(&client.0, value.0)?)
     }
 
     /// `raise_counter` for every `client: value` of a mapping, all checked
@@ -403,7 +393,7 @@ impl PyScheduler {
         let items = mapping_items(counters, "counters", "a mapping of client to counter")?;
         let mut checked = Vec::with_capacity(items.len());
         for (k, v) in &items {
-            let key = client_arg(k)?;
+            let key = client_key(k.as_borrowed())?;
             let v = float_arg("value", v)?;
             if !vtc_core::limits::counter_ok(v) {
                 return Err(CoreError::InvalidCounter(v).into());
@@ -413,27 +403,23 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.raise_counters_keyed(&checked)?)
     }
 
-    fn weight(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
-        let key = client_arg(client)?;
-        Ok(self.lock(py)?.core.client_by_key(&key).weight())
+    fn weight(&self, py: Python<'_>, client: Client<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.client_by_key(&client.0).weight())
     }
 
-    fn counter(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
-        let key = client_arg(client)?;
-        Ok(self.lock(py)?.core.client_by_key(&key).counter())
+    fn counter(&self, py: Python<'_>, client: Client<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.client_by_key(&client.0).counter())
     }
 
-    fn service(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<f64> {
-        let key = client_arg(client)?;
-        Ok(self.lock(py)?.core.client_by_key(&key).service())
+    fn service(&self, py: Python<'_>, client: Client<'_>) -> Result<f64> {
+        Ok(self.lock(py)?.core.client_by_key(&client.0).service())
     }
 
     /// The raw tokens charged to the client, `(prompt, decode)` ((0, 0) if
     /// never seen). See `vtc/_core.pyi`.
-    fn client_tokens(&self, py: Python<'_>, client: &Bound<'_, PyAny>) -> Result<(u64, u64)> {
-        let key = client_arg(client)?;
+    fn client_tokens(&self, py: Python<'_>, client: Client<'_>) -> Result<(u64, u64)> {
         let g = self.lock(py)?;
-        let c = g.core.client_by_key(&key);
+        let c = g.core.client_by_key(&client.0);
         Ok((c.prompt_tokens(), c.decode_tokens()))
     }
 }

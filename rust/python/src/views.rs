@@ -5,8 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyMemoryView, PyString};
 use vtc_core::{ClientKey, Overrides, Predictor, RequestState};
 
+use crate::args::RequestId;
 use crate::convert::{
-    band_weights_arg, client_cap_arg, float_arg, int_arg, request_id_arg, rid_of, type_error, Ints,
+    band_weights_arg, client_cap_arg, float_arg, int_arg, rid_of, type_error, Ints,
 };
 use crate::costs::cost_arg;
 use crate::errors::{invalid, Error, Result};
@@ -15,13 +16,8 @@ use crate::{Given, Inner, PyScheduler, Scratch};
 
 #[pymethods]
 impl PyScheduler {
-    fn status(
-        &self,
-        py: Python<'_>,
-        request_id: &Bound<'_, PyAny>,
-    ) -> Result<Option<&'static str>> {
-        let rid = request_id_arg(request_id)?;
-        Ok(self.lock(py)?.core.status(rid).map(|s| match s {
+    fn status(&self, py: Python<'_>, request_id: RequestId) -> Result<Option<&'static str>> {
+        Ok(self.lock(py)?.core.status(request_id.0).map(|s| match s {
             RequestState::Waiting => "waiting",
             RequestState::Running => "running",
             RequestState::Aside => "aside",
@@ -60,9 +56,8 @@ impl PyScheduler {
         )?)
     }
 
-    fn generated(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> Result<u64> {
-        let rid = request_id_arg(request_id)?;
-        Ok(self.lock(py)?.core.generated(rid)?)
+    fn generated(&self, py: Python<'_>, request_id: RequestId) -> Result<u64> {
+        Ok(self.lock(py)?.core.generated(request_id.0)?)
     }
 
     fn running<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
