@@ -398,6 +398,48 @@ impl Read {
     }
 }
 
+/// Read an exact list whose every item is an exact `int` that `conv` takes
+/// (from i64) straight into `out`, in place: each item borrowed from the list
+/// and converted by `PyLong_AsLongLongAndOverflow`, which runs no Python code
+/// and cannot fail for an exact int (an overflow is reported, not raised).
+/// No staging buffer, no reference count per item. `false` at the first
+/// other item (a bool, a numpy integer, an `__index__` object, an int out of
+/// i64 or refused by `conv`): `out` then holds a prefix, nothing else ran,
+/// and the caller reads the call the general way ([`Ints`]). Since no Python
+/// code runs, the list read is the list at the call.
+#[inline]
+pub(crate) fn read_exact_ints<T>(
+    list: &Bound<'_, PyList>,
+    out: &mut Vec<T>,
+    conv: impl Fn(i64) -> Option<T>,
+) -> bool {
+    out.clear();
+    let n = list.len();
+    out.reserve(n);
+    for i in 0..n {
+        // SAFETY: the GIL is held, `i` is below the list's length and no
+        // Python code runs in this loop, so the item exists and the borrowed
+        // pointer stays valid while it is read.
+        let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
+        if p.is_null() {
+            drop(PyErr::take(list.py())); // cannot happen (see above); leave no error set
+            return false;
+        }
+        // SAFETY: `p` is a live object (above)
+        if unsafe { pyo3::ffi::PyLong_CheckExact(p) } == 0 {
+            return false;
+        }
+        let mut overflow: std::os::raw::c_int = 0;
+        // SAFETY: `p` is a live exact int (above)
+        let v = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
+        match conv(v) {
+            Some(x) if overflow == 0 => out.push(x),
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// The real length of a batch argument whose length can be trusted: an exact
 /// list or tuple, or a 1-d numpy array (`None` for any other object, whose
 /// `__len__` may lie).

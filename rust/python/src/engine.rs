@@ -13,7 +13,8 @@ use crate::args::{
     CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
 };
 use crate::convert::{
-    int_arg, int_arg_sat, missing_arg, rid_of, sized_len, tokens_of, Ints, Outputs,
+    int_arg, int_arg_sat, missing_arg, read_exact_ints, rid_of, sized_len, tokens_of, Ints,
+    Outputs,
 };
 use crate::errors::{invalid, Error, Result};
 use crate::lookup::PyLookup;
@@ -33,6 +34,54 @@ fn decode_batch(
         core.decode(rids, tokens)?;
     }
     Ok(())
+}
+
+impl PyScheduler {
+    /// The common engine-form call, `decode(ids, tokens)` with `ids` an exact
+    /// list of exact ints in [0, 2**63) and `tokens` absent, an exact int in
+    /// i64 or an exact list of as many exact ints in i64: the lists are read
+    /// under the lock straight into the scratch buffers the core reads
+    /// (`read_exact_ints`: no Python code runs, so taking the lock first
+    /// changes no order of errors). `None` when the call is not of that shape
+    /// (nothing observable has happened then): the general path reads it.
+    fn decode_exact_lists<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+    ) -> Option<Result<Bound<'py, PyList>>> {
+        let ids = ids?.cast_exact::<PyList>().ok()?;
+        let (each, per) = match tokens {
+            None => (Some(1), None),
+            Some(t) => match t.cast_exact::<PyInt>() {
+                Ok(t) => (Some(t.extract::<i64>().ok()?), None),
+                Err(_) => (None, Some(t.cast_exact::<PyList>().ok()?)),
+            },
+        };
+        let mut g = match self.lock(py) {
+            Ok(g) => g,
+            Err(e) => return Some(Err(e)),
+        };
+        let inner = &mut *g;
+        let scratch = &mut inner.scratch;
+        if !read_exact_ints(ids, &mut scratch.ids, |v| u64::try_from(v).ok()) {
+            return None;
+        }
+        let toks = match (each, per) {
+            (Some(e), _) => Tokens::Each(e),
+            (None, Some(per)) => {
+                if per.len() != scratch.ids.len() || !read_exact_ints(per, &mut scratch.tokens, Some)
+                {
+                    return None;
+                }
+                Tokens::PerRequest(&scratch.tokens)
+            }
+            (None, None) => return None,
+        };
+        let done = decode_batch(py, &mut inner.core, &scratch.ids, toks);
+        drop(g);
+        Some(done.map(|()| PyList::empty(py)))
+    }
 }
 
 #[pymethods]
@@ -88,6 +137,9 @@ impl PyScheduler {
         request_ids: Option<&Bound<'py, PyAny>>,
         tokens: Option<&Bound<'py, PyAny>>,
     ) -> Result<Bound<'py, PyList>> {
+        if let Some(done) = self.decode_exact_lists(py, request_ids, tokens) {
+            return done;
+        }
         let Some(ids) = request_ids else {
             if tokens.is_some() {
                 return Err(Error::Py(PyTypeError::new_err(
