@@ -308,7 +308,7 @@ impl Scheduler {
             .expect("running request is in the running list");
         self.running.remove(pos);
         let r = &self.requests[s as usize];
-        self.running_index.remove(&r.rid);
+        self.running_index.remove(r.rid);
         let fp = r.footprint(self.uniform); // stopped: the plain count
         self.occupancy -= u128::from(fp);
         let c = r.client;

@@ -154,10 +154,11 @@ impl Scheduler {
             || self
                 .running
                 .iter()
-                .any(|&s| self.running_index.get(&self.requests[s as usize].rid) != Some(&s))
+                .any(|&s| self.running_index.get(self.requests[s as usize].rid) != Some(s))
         {
             return Err("running index disagrees with the running list".into());
         }
+        self.running_index.check()?;
         let mut waiting = 0usize;
         let mut aside = vec![0usize; self.clients.len()];
         for r in self.requests.iter().filter(|r| r.state == Slot::Aside) {

@@ -45,6 +45,7 @@ mod invariants;
 mod keyed;
 mod lift;
 mod request;
+mod run_index;
 mod running;
 mod select;
 mod slab;
@@ -66,6 +67,7 @@ use crate::heap::NOT_IN_HEAP;
 use crate::keys::ClientKeys;
 use crate::limits::weight_ok;
 use request::{IdMap, Request, Slot};
+use run_index::RunIndex;
 
 #[derive(Debug, Clone)]
 pub struct Scheduler {
@@ -91,8 +93,9 @@ pub struct Scheduler {
     index: IdMap<u32>,
     /// Request id -> slot of the running requests only: a batch-sized table
     /// that stays in cache, for the per-request look-ups of `decode`,
-    /// `finish` and `preempt` (`index` holds every request, waiting ones too).
-    running_index: IdMap<u32>,
+    /// `finish` and `preempt` (`index` holds every request, waiting ones too);
+    /// open addressing in one array, a probe usually one cache line (`run_index`).
+    running_index: RunIndex,
     /// Running request slots in admission order.
     running: Vec<u32>,
     /// KV tokens of the running requests. `u128`: engine mode (`pop`,
@@ -204,7 +207,7 @@ impl Scheduler {
             requests: Vec::new(),
             free_slots: Vec::new(),
             index: IdMap::default(),
-            running_index: IdMap::default(),
+            running_index: RunIndex::default(),
             running: Vec::new(),
             occupancy: 0,
             num_waiting: 0,

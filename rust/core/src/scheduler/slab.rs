@@ -21,12 +21,20 @@ impl Scheduler {
             .ok_or(CoreError::UnknownRequest(rid))
     }
 
-    #[inline]
+    /// The slot of running request `rid`; the error says whether it is
+    /// unknown or in another state. Inlined into `decode`'s per-id loop.
+    #[inline(always)]
     pub(super) fn running_slot(&self, rid: u64, op: Op) -> Result<u32> {
-        if let Some(&s) = self.running_index.get(&rid) {
-            return Ok(s);
+        match self.running_index.get(rid) {
+            Some(s) => Ok(s),
+            None => self.not_running(rid, op),
         }
-        // Not running: say whether it is unknown or in another state.
+    }
+
+    /// [`running_slot`](Self::running_slot) of a request that is not running.
+    #[cold]
+    #[inline(never)]
+    fn not_running(&self, rid: u64, op: Op) -> Result<u32> {
         let s = self.slot_of(rid)?;
         let state = self.requests[s as usize].state;
         if state != Slot::Running {
