@@ -205,6 +205,17 @@ impl Scheduler {
                 });
             }
         }
+        // one copy of the loop per kind of `tokens`: with `Each` the count's
+        // checks do not depend on the id (the compiler hoists them)
+        match tokens {
+            Tokens::Each(t) => self.validate_ids(rids, |_| t),
+            Tokens::PerRequest(ts) => self.validate_ids(rids, |i| ts[i]),
+        }
+    }
+
+    /// `validate_decode`'s loop over the ids; `rids[i]` generated `tok(i)`.
+    #[inline(always)]
+    fn validate_ids(&mut self, rids: &[u64], tok: impl Fn(usize) -> i64) -> Result<()> {
         self.decode_epoch += 1;
         let epoch = self.decode_epoch;
         let uniform = self.uniform;
@@ -223,7 +234,7 @@ impl Scheduler {
             };
             slots.push(s);
             let r = &mut self.requests[s as usize];
-            let t = tokens.at(i);
+            let t = tok(i);
             let err = if r.decode_epoch == epoch {
                 Some(CoreError::DuplicateInBatch(rid))
             } else if t < 0 {
@@ -262,10 +273,21 @@ impl Scheduler {
 
     /// Charge a validated decode: `slots[i]` generated `tokens.at(i)`.
     pub(super) fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
+        // one copy of the loop per kind of `tokens` (see `validate_decode`)
+        let total = match tokens {
+            Tokens::Each(t) => self.apply_slots(slots, |_| t as u64),
+            Tokens::PerRequest(ts) => self.apply_slots(slots, |i| ts[i] as u64),
+        };
+        self.apply_rest(slots, tokens, total);
+    }
+
+    /// `apply_decode`'s loop over the requests; returns the tokens added.
+    #[inline(always)]
+    fn apply_slots(&mut self, slots: &[u32], tok: impl Fn(usize) -> u64) -> u128 {
         let mut total = 0u128;
         let uniform = self.uniform;
         for (i, &s) in slots.iter().enumerate() {
-            let t = tokens.at(i) as u64;
+            let t = tok(i);
             let r = &mut self.requests[s as usize];
             let before = r.running_generated(uniform);
             let (c, prompt, pred) = (r.client, r.prompt, r.predicted);
@@ -275,6 +297,12 @@ impl Scheduler {
                 self.add_pending(c, prompt, before, t, pred);
             }
         }
+        total
+    }
+
+    /// The rest of `apply_decode`, after its loop: bands, totals, charges.
+    fn apply_rest(&mut self, slots: &[u32], tokens: Tokens<'_>, total: u128) {
+        let uniform = self.uniform;
         if let Some(sh) = &mut self.shares {
             // a pass of its own: strict bands keep the loop above free of it
             for (i, &s) in slots.iter().enumerate() {
