@@ -53,6 +53,7 @@ import math
 import os
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from itertools import compress, repeat
@@ -67,9 +68,10 @@ from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
 
-#: the reader slot of ``Scheduler.changes`` the metrics use (one TenantMetrics per
-#: core: a new one starts the slot again); the slots are assigned in :mod:`vtc.config`
-#: (the shared-counter sync reads ``SYNC_CHANGES_READER``)
+#: the reader slot of ``Scheduler.changes`` the metrics use, shared by every
+#: TenantMetrics on one core: one that pulls after another did starts the slot again
+#: (a full read; see :meth:`TenantMetrics._pull`); the slots are assigned in
+#: :mod:`vtc.config` (the shared-counter sync reads ``SYNC_CHANGES_READER``)
 CHANGES_READER = METRICS_CHANGES_READER
 
 OTHER = "_other"
@@ -168,6 +170,11 @@ def _by_name(d: dict[Any, Any]) -> dict[str, Any]:
 
 
 _BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
+
+#: id(core) -> the TenantMetrics that last pulled the core's reader slot
+#: :data:`CHANGES_READER`: another that pulls it next starts the slot again (a full
+#: read), so two TenantMetrics on one core each stay right (at a full read a refresh)
+_READERS: dict[int, weakref.ref[Any]] = {}
 
 
 def _families(registry: Any) -> _Families:
@@ -395,11 +402,14 @@ class TenantMetrics(Observer):
         services, request counts), add what the token tallies grew by to the pending
         increments by tenant (a tally that went back started again: a tenant
         forgotten and back), and mark the changed tenants dirty. A core not pulled
-        from before (a new TenantMetrics, another core) starts its reader slot again:
-        a full read, after which the tenants no longer there are dropped."""
-        if core is not self._core:
+        from before (a new TenantMetrics, another core), or whose reader slot another
+        TenantMetrics pulled from since (:data:`_READERS`), starts the slot again: a
+        full read, after which the tenants no longer there are dropped."""
+        reader = _READERS.get(id(core))
+        if core is not self._core or reader is None or reader() is not self:
             core.reset_changes(CHANGES_READER)
             self._core = core
+            _READERS[id(core)] = weakref.ref(self)
         full, changed, gone = core.changes(CHANGES_READER)
         changed = _by_name(changed)
         if full:
