@@ -9,6 +9,7 @@ tenants. Figures: bench/README.md (group metrics-cost)."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -103,3 +104,59 @@ def test_refresh_rotating(benchmark, where, tmp_path, monkeypatch):
     benchmark.group = f"metrics-cost: one refresh, {TENANTS} tenants rotating"
     benchmark.pedantic(refresh, setup=second, rounds=200, iterations=1)
     benchmark.extra_info["labels_changed_per_refresh"] = sum(changed) / len(changed)
+
+
+@pytest.mark.parametrize("where", ["registry", "directory"])
+def test_refresh_engine_like(benchmark, where, tmp_path, monkeypatch):
+    """One refresh after a second of an engine-like workload at 1,000 tenants, as in
+    test_vllm_overhead.py's metrics sets: 2,000 requests of tenants drawn at random,
+    256 running, each step decodes one token of each running request, requests
+    finish after U[32, 384] tokens and are replaced by new arrivals, 30 steps per
+    simulated second (~310 tenants changed per refresh, a few labels changed).
+    Run with ``--benchmark-timer=time.process_time`` on a loaded machine."""
+    if where == "directory":
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    else:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    rng = random.Random(1)
+    clock = {"now": 0.0}
+    metrics = TenantMetrics(CollectorRegistry(), interval=math.inf, clock=lambda: clock["now"])
+    adapter = Adapter(
+        vtc.Scheduler(M=10**9), EngineConfig(max_tenants=10 * TENANTS), observers=[metrics]
+    )
+    arrived = [0]
+
+    def arrive() -> None:
+        arrived[0] += 1
+        tenant = f"tenant-{rng.randrange(TENANTS)}"
+        adapter.arrive(f"q{arrived[0]}", None, [tenant], rng.randint(64, 512))
+
+    running: list[list] = []
+
+    def step() -> None:
+        while len(running) < RUNNING:
+            t = adapter.requests.head()
+            adapter.requests.admit(t, 0)
+            running.append([t, rng.randint(32, 384)])
+        adapter.requests.charge([(t, 1) for t, _ in running])
+        for entry in running:
+            entry[1] -= 1
+        for entry in [e for e in running if e[1] <= 0]:
+            running.remove(entry)
+            adapter.requests.release(entry[0].key, finished=True)
+            arrive()
+        adapter.step_done()
+
+    def second() -> tuple[tuple, dict]:
+        for _ in range(30):
+            step()
+        clock["now"] += 1.0
+        return (), {}
+
+    for _ in range(2 * TENANTS):
+        arrive()
+    for _ in range(40):  # past the first window (30 s)
+        second()
+        metrics.refresh(adapter)
+    benchmark.group = f"metrics-cost: one refresh, {TENANTS} tenants engine-like"
+    benchmark.pedantic(lambda: metrics.refresh(adapter), setup=second, rounds=60, iterations=1)
