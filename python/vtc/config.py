@@ -534,7 +534,8 @@ DEFAULT_SYNC_MS = 50.0
 
 #: ``Scheduler.changes`` reader slots, one per reader of a core: each slot is a cursor
 #: that a read drains, so two readers sharing one would each miss what the other read.
-#: The per-tenant metrics (:mod:`vtc.metrics`) read this one ...
+#: The per-tenant metrics (:mod:`vtc.metrics`) read this one (every TenantMetrics of a
+#: core: one that reads after another starts the slot again, a full read) ...
 METRICS_CHANGES_READER = 0
 #: ... and the shared-counter sync (:class:`vtc.distributed.SharedCounters`) this one.
 SYNC_CHANGES_READER = 1
