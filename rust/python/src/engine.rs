@@ -12,12 +12,10 @@ use vtc_core::{CoreError, Tokens};
 use crate::args::{
     CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
 };
-use crate::convert::{
-    int_arg, int_arg_sat, missing_arg, read_exact_ints, rid_of, sized_len, tokens_of, Ints,
-    Outputs,
-};
+use crate::convert::{int_arg, int_arg_sat, read_exact_ints, rid_of, sized_len, tokens_of, Ints};
 use crate::errors::{invalid, Error, Result};
 use crate::lookup::PyLookup;
+use crate::outputs::{missing_arg, Outputs};
 use crate::{PyScheduler, DETACH_MIN};
 
 /// The core's engine-form `decode`, with the GIL released for a batch of at
@@ -70,7 +68,8 @@ impl PyScheduler {
         let toks = match (each, per) {
             (Some(e), _) => Tokens::Each(e),
             (None, Some(per)) => {
-                if per.len() != scratch.ids.len() || !read_exact_ints(per, &mut scratch.tokens, Some)
+                if per.len() != scratch.ids.len()
+                    || !read_exact_ints(per, &mut scratch.tokens, Some)
                 {
                     return None;
                 }

@@ -6,9 +6,10 @@
 //! GIL released for batch calls. The scheduler sits behind a mutex so that
 //! API threads and an engine thread can share one object safely.
 //!
-//! Modules: `convert` reads argument shapes (ints, floats, batches, mappings,
-//! the client cap, an engine step's output objects) into Rust values, `keys`
-//! client keys (Python's int or str to the core's `ClientKey` and back),
+//! Modules: `args` the argument shapes a method names in its signature
+//! (`FromPyObject` types), `convert` the readers behind them and the shapes
+//! read in a method's body (batches, mappings, the client cap), `outputs` an
+//! engine step's output objects (`decode_outputs`), `keys` client keys (Python's int or str to the core's `ClientKey` and back),
 //! `costs` the cost objects, `lookup` the prefix lookup, `errors` the one
 //! conversion of core errors into Python exceptions. The `Scheduler` class is this file (its
 //! state, the lock, construction and configuration), `engine` (the calls
@@ -22,6 +23,7 @@ mod engine;
 mod errors;
 mod keys;
 mod lookup;
+mod outputs;
 mod views;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -454,7 +456,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
-    m.add_function(wrap_pyfunction!(convert::key_id, m)?)?;
+    m.add_function(wrap_pyfunction!(outputs::key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [
         errors::Kind::InvalidArgument,

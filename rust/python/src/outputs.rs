@@ -1,0 +1,148 @@
+//! An engine step's output objects (`Scheduler.decode_outputs`), read in one
+//! place: the request each names and the tokens it generated. Everything
+//! that may run Python code (attribute getters, `__len__`, `__hash__`)
+//! happens here, before the caller takes the lock. Also `key_id`, the
+//! request id `missing="hash"` gives a key.
+
+use pyo3::exceptions::{PyAttributeError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyList, PyString};
+
+use crate::convert::{has_special, i64_arg, repr, request_id_arg, type_error};
+use crate::errors::{invalid, Error, Kind, Result};
+
+/// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
+/// its request id mapping does not hold: `hash(key) % 2**64`. An engine that
+/// submits each request as `key_id(its key)` needs no id mapping of its own
+/// (only for the rare key whose id is taken by another live request). Python
+/// salts str hashes per process, so such ids are not stable across processes.
+/// A str caches its hash, so this reads no more memory than the key.
+#[pyfunction]
+#[pyo3(signature = (key, /))]
+pub(crate) fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
+    Ok(key.hash()? as u64)
+}
+
+/// `decode_outputs`'s `missing=`: whether a key its mapping does not hold is
+/// hashed (`"hash"`) or an error (`"error"`).
+pub(crate) fn missing_arg(missing: &str) -> Result<bool> {
+    match missing {
+        "error" => Ok(false),
+        "hash" => Ok(true),
+        other => Err(invalid(format!(
+            "missing must be \"error\" or \"hash\", got {other:?}"
+        ))),
+    }
+}
+
+/// An engine step's output objects (`decode_outputs`), read in one place:
+/// for each object, the request its key `obj.<id_attr>` names and the
+/// tokens it generated (`len(obj.<tokens_attr>)`, or the int it holds).
+pub(crate) struct Outputs {
+    pub(crate) rids: Vec<u64>,
+    pub(crate) tokens: Vec<i64>,
+    /// There are more than `limit` objects (only an iterable other than a
+    /// list is cut short): the objects after them were not read.
+    pub(crate) more: bool,
+}
+
+impl Outputs {
+    /// Read `outputs` (a list whole, any other iterable up to `limit`
+    /// objects): the key of each is looked up in `request_ids`, or with
+    /// `hashed` and a key not there (or an empty mapping, then not
+    /// consulted), is `key_id(key)`. Everything that may run Python code
+    /// (attribute getters, `__len__`, `__hash__`) happens here, before the
+    /// caller takes the lock.
+    pub(crate) fn read(
+        outputs: &Bound<'_, PyAny>,
+        request_ids: &Bound<'_, PyDict>,
+        hashed: bool,
+        id_attr: &str,
+        tokens_attr: &str,
+        limit: usize,
+    ) -> Result<Outputs> {
+        let py = outputs.py();
+        let consult = !(hashed && request_ids.is_empty());
+        let id_name = PyString::intern(py, id_attr);
+        let tokens_name = PyString::intern(py, tokens_attr);
+        let mut o = Outputs {
+            rids: Vec::new(),
+            tokens: Vec::new(),
+            more: false,
+        };
+        let mut read = |i: usize, out: Bound<'_, PyAny>| -> Result<()> {
+            let key = output_attr(i, &out, &id_name)?;
+            let found = if consult {
+                request_ids.get_item(&key)?
+            } else {
+                None
+            };
+            let rid = match found {
+                Some(rid) => request_id_arg(&rid)?,
+                None if hashed => key_id(&key)?,
+                None => {
+                    return Err(Error::Arg(
+                        Kind::UnknownRequest,
+                        format!(
+                            "outputs[{i}].{id_attr} = {} is not in request_ids",
+                            repr(&key)
+                        ),
+                    ))
+                }
+            };
+            let produced = output_attr(i, &out, &tokens_name)?;
+            let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
+                i64_arg(tokens_attr, n.as_any())?
+            } else {
+                if !has_special(&produced, "__len__") {
+                    return Err(type_error(
+                        &format!("outputs[{i}].{tokens_attr}"),
+                        "a sized container or an int",
+                        &produced,
+                    ));
+                }
+                let len = produced.len()?; // an error raised by __len__ propagates
+                i64::try_from(len).map_err(|_| invalid(format!("{len} tokens do not fit")))?
+            };
+            o.rids.push(rid);
+            o.tokens.push(n);
+            Ok(())
+        };
+        if let Ok(list) = outputs.cast_exact::<PyList>() {
+            for (i, out) in list.iter().enumerate() {
+                read(i, out)?;
+            }
+            return Ok(o);
+        }
+        let iter = outputs
+            .try_iter()
+            .map_err(|_| type_error("outputs", "an iterable of output objects", outputs))?;
+        for (i, out) in iter.enumerate() {
+            let out = out?;
+            if i == limit {
+                o.more = true;
+                break;
+            }
+            read(i, out)?;
+        }
+        Ok(o)
+    }
+}
+
+/// `out.<name>` of `outputs[i]`, or a TypeError naming both.
+fn output_attr<'py>(
+    i: usize,
+    out: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> Result<Bound<'py, PyAny>> {
+    out.getattr(name).map_err(|e| {
+        if e.is_instance_of::<PyAttributeError>(out.py()) {
+            Error::Py(PyTypeError::new_err(format!(
+                "outputs[{i}] has no attribute {name}: {}",
+                repr(out)
+            )))
+        } else {
+            Error::Py(e) // raised by a getter: not ours to rename
+        }
+    })
+}
