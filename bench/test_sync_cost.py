@@ -100,6 +100,49 @@ def test_sync(benchmark, url, tenants):
 
 
 @pytest.mark.parametrize("tenants", [1000, 10_000])
+def test_sync_all_charged(benchmark, url, tenants):
+    """``test_sync_core_waiting`` with every tenant charged between syncs: nothing for a
+    delta to save, the cost is the push (one counter write per tenant) and the reply."""
+    s = vtc.Scheduler(1 << 20)
+    st = D.RedisStore.from_url(url, f"bench-all-{tenants}", timeout_ms=5000)
+    shared = D.SharedCounters(st, replica_id="bench")
+    running = list(range(tenants))
+    for c in running:
+        s.submit(c, c, 10)
+    s.schedule()
+    for c in running:
+        s.submit(tenants + c, c, 10)
+    core = getattr(D, "CORE_WAITING", None)
+
+    def waiting():
+        if core is not None:
+            return core
+        return [c for c, (w, _) in s.active_clients().items() if w]
+
+    shared.sync(s, waiting())
+    cpu: list[float] = []
+
+    def step():
+        s.decode(running, 1)
+        t0 = time.process_time()
+        shared.sync(s, waiting())
+        cpu.append(time.process_time() - t0)
+
+    def redis_cpu() -> float:  # the server's CPU seconds (its script), less noisy than wall
+        info = st.client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    rounds = 100 if tenants <= 1000 else 20
+    benchmark.group = "sync-all-charged"
+    r0 = redis_cpu()
+    benchmark.pedantic(step, rounds=rounds, iterations=1, warmup_rounds=3)
+    benchmark.extra_info.update(
+        python_cpu_ms_median=1000 * sorted(cpu)[len(cpu) // 2],
+        redis_cpu_ms_per_sync=1000 * (redis_cpu() - r0) / len(cpu),
+    )
+
+
+@pytest.mark.parametrize("tenants", [1000, 10_000])
 def test_sync_core_waiting(benchmark, url, tenants):
     """``test_sync`` as the engines sync: the waiting set from the core. With the change
     feed ``CORE_WAITING`` (only the tenants changed since the last sync); a
