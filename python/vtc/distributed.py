@@ -131,6 +131,12 @@ def decode(key: str | bytes) -> Client:
     return int(key[2:]) if key.startswith("i:") else key[2:]
 
 
+def _decode_all(keys: Iterable[str]) -> list[Client]:
+    """:func:`decode` of each of ``keys`` (str, as :func:`encode` made them), in one
+    comprehension: no function call per key (a sync may decode 10,000)."""
+    return [int(k[2:]) if k[:2] == "i:" else k[2:] for k in keys]
+
+
 # --------------------------------------------------------------------------- the store protocol
 @dataclass
 class SyncRequest:
@@ -1194,8 +1200,9 @@ class SharedCounters:
                 seen[c] = v
                 if d < 0:
                     d = v
-                if d > 0:
-                    k = encode(c)
+                if d > 0:  # encode(c), without a call for the exact types
+                    t = type(c)
+                    k = f"i:{c}" if t is int else f"s:{c}" if t is str else encode(c)
                     unacked[k] = unacked.get(k, 0.0) + d
 
     def _read_feed(self, scheduler: SchedulerLike) -> None:
@@ -1475,7 +1482,7 @@ class SharedCounters:
         feed: one ``services()`` call (the fold read every tenant's already)."""
         if not got:
             return
-        clients = [decode(k) for k in got]
+        clients = _decode_all(got)
         raise_to: dict[Client, float] = {}
         if len(clients) > 64 and self._feeding and not self._unacked:
             self._read_feed(scheduler)
@@ -1531,7 +1538,8 @@ class SharedCounters:
             if self.delta:
                 since = self._since
         if self.delta:  # the waiting set comes back (arrivals, and any written since)
-            pull = sorted(k for k in push if decode(k) not in wait)
+            keys = list(push)
+            pull = sorted(k for k, c in zip(keys, _decode_all(keys)) if c not in wait)
         else:
             pull = sorted({encode(c) for c in wait} | push.keys())
         self._seq += 1

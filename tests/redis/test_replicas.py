@@ -107,7 +107,7 @@ def test_killed_replica_loses_at_most_its_unsynced_charges(redis_server):
     os.kill(procs[2].pid, signal.SIGKILL)
     procs[2].join(timeout=10)
     unacked = list(uns[2])  # as of its last completed step
-    st = D.RedisStore.from_url(redis_server.url, "rep")
+    st = D.RedisStore.from_url(redis_server.url, "rep", timeout_ms=5000)  # a loaded machine
     rec = st.client.hgetall(st.prefix + "s:replica-2")  # applied, reply not yet seen
     assert rec and int(rec[b"#seq"]) > 0  # it did sync
     inflight = [float(rec.get(D.encode(c).encode(), 0)) for c in range(TENANTS)]

@@ -130,3 +130,9 @@ def test_the_batched_push_agrees_with_the_twin_across_batches(redis_server):
         epoch = ex
         if step != 4:  # step 4's reply is lost: its amounts come again, counted once
             base[r], amounts[r], since[r] = seqs[r], {}, x.version or 0
+
+
+def test_decode_all_is_decode_of_each():
+    keys = [D.encode(c) for c in (0, -5, 10**20, "", "i:7", "s:x", "é", "a,b", "0")]
+    assert D._decode_all(keys) == [D.decode(k) for k in keys]
+    assert D._decode_all(keys) == [0, -5, 10**20, "", "i:7", "s:x", "é", "a,b", "0"]
