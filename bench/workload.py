@@ -33,7 +33,13 @@ class Engine:
         seed: int = 0,
         keys=None,
         refills: int = 200_000,
+        ids: str = "array",
     ) -> None:
+        # ids: how the running ids are kept and passed to decode, "array" (a view of
+        # an int64 numpy array) or "list" (a Python list, as an engine holds them)
+        if ids not in ("array", "list"):
+            raise ValueError(f"ids must be 'array' or 'list', got {ids!r}")
+        self.as_list = ids == "list"
         self.s = sched
         self.C = clients
         self.keys = keys if keys is not None else list(range(clients))
@@ -45,7 +51,7 @@ class Engine:
         self.next_rid = 0
         self.t = 0
         self.calendar: dict = {}  # step -> rids finishing then
-        self.ids = np.zeros(1 << 16, dtype=np.int64)
+        self.ids = [] if self.as_list else np.zeros(1 << 16, dtype=np.int64)
         self.slot: dict = {}  # rid -> position in ids
         self.n = 0
         self.admitted: list = []
@@ -63,7 +69,10 @@ class Engine:
     def _admit(self, rids) -> None:
         ids, slot, cal = self.ids, self.slot, self.calendar
         for rid in rids:
-            ids[self.n] = rid
+            if self.as_list:
+                ids.append(rid)
+            else:
+                ids[self.n] = rid
             slot[rid] = self.n
             self.n += 1
             cal.setdefault(self.t + self.output[rid], []).append(rid)
@@ -71,7 +80,7 @@ class Engine:
 
     def step(self) -> None:
         s = self.s
-        s.decode(self.ids[: self.n], 1)
+        s.decode(self.ids if self.as_list else self.ids[: self.n], 1)
         self.t += 1
         done = self.calendar.pop(self.t, ())
         ids, slot = self.ids, self.slot
@@ -84,5 +93,7 @@ class Engine:
                 last = int(ids[self.n])
                 ids[k] = last
                 slot[last] = k
+            if self.as_list:
+                ids.pop()
             self._submit()
         self._admit(s.schedule())
