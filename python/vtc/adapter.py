@@ -31,6 +31,7 @@ import logging
 import math
 import operator
 import os
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -837,6 +838,11 @@ class Adapter:
         #: the locality window's lookup (:meth:`set_prefix_lookup`), or None
         self.prefix_lookup: PrefixLookup | None = None
         self._lookup_source = ""
+        #: held through each scheduling pass (:meth:`selecting`); the shared counters'
+        #: background sync raises counters only while it is free (else the pass applies
+        #: them at its edges), so no pass sees its order change between a peek and the
+        #: pop that follows
+        self.selection_lock = threading.RLock()
 
     @property
     def config(self) -> EngineConfig:
@@ -879,14 +885,25 @@ class Adapter:
 
     @contextmanager
     def selecting(self) -> Iterator[None]:
-        """An engine scheduling pass (its peeks and pops): the prefix lookup, if
-        any, answers each request once within it (:meth:`PrefixLookup.frozen`)."""
-        lookup = self.prefix_lookup
-        if lookup is None:
-            yield
-            return
-        with lookup.frozen():
-            yield
+        """An engine scheduling pass (its peeks and pops). Within it the order of the
+        queue changes only by the engine's own calls: the shared counters' background
+        sync waits for the pass to end before it raises counters (:attr:`selection_lock`;
+        vLLM peeks a request, works on it, then pops, and must pop the one it peeked).
+        The prefix lookup, if any, answers each request once (:meth:`PrefixLookup.frozen`)."""
+        with self.selection_lock:
+            sharing = self.sharing
+            if sharing is not None:
+                sharing.pass_edge()
+            try:
+                lookup = self.prefix_lookup
+                if lookup is None:
+                    yield
+                    return
+                with lookup.frozen():
+                    yield
+            finally:
+                if sharing is not None:
+                    sharing.pass_edge()
 
     def set_priority_order(self, order: int | None) -> None:
         """How the engine orders request priorities: 1 (smaller values first), -1
@@ -948,6 +965,7 @@ class Adapter:
             background=shared.mode == "background",
             interval_ms=shared.sync_ms,
             log=self._log,
+            guard=self.selection_lock,
         )
         self.observers.append(sync)
         self.sharing = sync

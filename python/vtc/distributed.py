@@ -1133,6 +1133,15 @@ class SharedCounters:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._loop_error_logged = False
+        #: an engine's scheduling-pass lock (:meth:`vtc.adapter.Adapter.selecting`), or
+        #: None: a sync raises counters only while it can take the lock at once, else
+        #: it leaves them to :meth:`apply_deferred`, which the engine calls with the lock
+        #: held, so counters pulled in the background never reorder the queue between
+        #: the engine's peek and its pop, and a sync never waits for a pass (nor a
+        #: pass for a sync's I/O: the lock is never held by a sync during I/O)
+        self.guard: Any = None
+        self._deferred: dict[Client, float] = {}
+        self._defer_lock = threading.Lock()  # no I/O and no other lock taken under it
         #: how an engine integration syncs (``VTC_SYNC_MODE``): "background" or "step"
         self.mode = "background"
         #: seconds each sync attempt took (its round trips), newest last; the metrics
@@ -1285,9 +1294,13 @@ class SharedCounters:
 
     def forgot(self, clients: Iterable[Client]) -> None:
         """The scheduler forgot ``clients``: their service starts again from 0."""
+        clients = list(clients)
         with self._sync_lock:
             for c in clients:
                 self._seen.pop(c, None)
+        with self._defer_lock:  # a raise left for the next pass is not for them now
+            for c in clients:
+                self._deferred.pop(c, None)
 
     # -- request tracking and the pre-submit lift ---------------------------------------------
     def track(self, request_id: int, client: Client) -> None:
@@ -1493,7 +1506,7 @@ class SharedCounters:
                     self.stats.skipped += 1
                     continue
                 raise_to[c] = value
-            scheduler.raise_counters(raise_to)  # one call into the core
+            self._apply_raise(scheduler, raise_to)
             return
         if len(clients) <= 64:  # few: one call each, not one dict of every tenant
             service = scheduler.service
@@ -1506,7 +1519,37 @@ class SharedCounters:
                 self.stats.skipped += 1
                 continue
             raise_to[c] = value
-        scheduler.raise_counters(raise_to)  # one call into the core
+        self._apply_raise(scheduler, raise_to)
+
+    def _apply_raise(self, scheduler: SchedulerLike, raise_to: dict[Client, float]) -> None:
+        """One call into the core; with a :attr:`guard` held by an engine's scheduling
+        pass, left for :meth:`apply_deferred` instead (a counter only rises, so a raise
+        applied a pass later is still right)."""
+        guard = self.guard
+        if guard is None:
+            scheduler.raise_counters(raise_to)
+            return
+        if guard.acquire(blocking=False):
+            try:
+                scheduler.raise_counters(raise_to)
+            finally:
+                guard.release()
+            return
+        with self._defer_lock:
+            deferred = self._deferred
+            for c, v in raise_to.items():
+                if v > deferred.get(c, -1.0):
+                    deferred[c] = v
+
+    def apply_deferred(self, scheduler: SchedulerLike) -> int:
+        """Raise the counters a background sync left while a scheduling pass held
+        :attr:`guard` (the engine calls this with the guard held, at the edges of its
+        passes); returns how many rose."""
+        if not self._deferred:
+            return 0
+        with self._defer_lock:
+            deferred, self._deferred = self._deferred, {}
+        return scheduler.raise_counters(deferred)
 
     def _round_trip(
         self, scheduler: SchedulerLike, wait: set[Client], feed_wait: bool = False

@@ -48,6 +48,7 @@ class SharedCounterSync(Observer):
         background: bool = True,
         interval_ms: float | None = None,
         log: logging.Logger | None = None,
+        guard: Any = None,
     ) -> None:
         self.core = core
         self.shared = shared
@@ -56,6 +57,9 @@ class SharedCounterSync(Observer):
         self._log = log or _log
         shared.attach(core)
         if background:
+            # the engine's scheduling passes (Adapter.selecting) hold it: a sync raises
+            # counters between passes, never between a peek and its pop
+            shared.guard = guard
             shared.start(core, interval_ms=interval_ms, waiting=self._waiting)
 
     def waiting(self) -> list[Client]:
@@ -82,6 +86,11 @@ class SharedCounterSync(Observer):
 
     def forgot(self, tenants: list[str]) -> None:
         self.shared.forgot(tenants)
+
+    def pass_edge(self) -> None:
+        """At the start and the end of a scheduling pass (the guard held): the
+        counters a background sync pulled meanwhile."""
+        self.shared.apply_deferred(self.core)
 
     def stepped(self, adapter: AdapterView) -> None:
         if not self.background:

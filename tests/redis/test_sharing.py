@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 
 import pytest
 from sync_helpers import wait_for
@@ -282,3 +283,63 @@ def test_a_sync_interval_the_mode_does_not_read_is_logged_at_start(redis_server,
 def test_without_a_sync_interval_nothing_is_ignored():
     settings = EngineConfig.from_env({"VTC_REDIS_URL": "redis://x"}).shared
     assert settings is not None and settings.ignored == ()
+
+
+def test_a_counter_pulled_during_a_scheduling_pass_waits_for_the_pass_to_end(redis_server):
+    """vLLM peeks a request, works on it, then pops and must get the one it peeked.
+    A background sync that pulls a higher counter during the pass (Adapter.selecting)
+    leaves the raise to the pass's end; the order the pass sees never changes."""
+    r0 = adapter(redis_server.url, "r0", ns="pass")
+    r1 = adapter(redis_server.url, "r1", ns="pass")
+    a = r0.arrive("a0", None, ["A"], PROMPT)
+    b = r0.arrive("b0", None, ["B"], PROMPT)
+    assert r0.core.peek() == a.rid  # A first: same counter, earlier
+    with r0.selecting():
+        assert r0.core.peek() == a.rid
+        # replica r1 serves A: its sync pushes the service, r0's sync pulls it
+        t = r1.arrive("a1", None, ["A"], PROMPT)
+        r1.core.schedule()
+        for _ in range(10):
+            r1.core.decode([t.rid], 100)
+        served = r1.core.service("A")
+        assert served > r0.core.counter("B")
+        shared = r0.sharing.shared
+        wait_for(
+            lambda: shared._deferred.get("A", 0.0) >= served or r0.core.counter("A") >= served,
+            "r0's background sync to pull A's counter",
+        )
+        # pulled, not applied: the pass still pops what it peeked
+        assert r0.core.counter("A") < served
+        assert r0.core.peek() == a.rid
+    # the pass is over: the raise is applied, and B goes first now
+    assert r0.core.counter("A") >= served
+    assert r0.core.peek() == b.rid
+    with r0.selecting():  # nothing left over
+        assert shared._deferred == {}
+    for ad in (r0, r1):
+        ad.close()
+
+
+def test_a_raise_left_for_the_next_pass_is_dropped_for_a_forgotten_tenant(redis_server):
+    """A tenant forgotten before the pass that would apply its deferred raise is not
+    brought back by it (its service starts again from 0, as forgetting says)."""
+    r0 = adapter(redis_server.url, "r0", ns="forgot")
+    shared = r0.sharing.shared
+    shared.stop()  # no background syncs: the deferral is driven by hand
+    with r0.selecting():
+        done = threading.Event()
+
+        def pull() -> None:
+            shared._apply_raise(r0.core, {"gone": 500.0, "kept": 400.0})
+            done.set()
+
+        threading.Thread(target=pull).start()
+        wait_for(done.is_set, "the raise to be left for the pass")
+        assert shared._deferred == {"gone": 500.0, "kept": 400.0}
+    assert r0.core.counter("kept") == 400.0 and r0.core.counter("gone") == 500.0
+    with r0.selecting():
+        threading.Thread(target=shared._apply_raise, args=(r0.core, {"x": 7.0})).start()
+        wait_for(lambda: "x" in shared._deferred, "the raise to be left for the pass")
+        shared.forgot(["x"])
+    assert "x" not in r0.core.counters()
+    r0.close()
