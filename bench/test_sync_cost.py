@@ -99,19 +99,20 @@ def test_sync(benchmark, url, tenants):
     )
 
 
-@pytest.mark.parametrize("tenants", [1000, 10_000])
-def test_sync_all_charged(benchmark, url, tenants):
-    """``test_sync_core_waiting`` with every tenant charged between syncs: nothing for a
-    delta to save, the cost is the push (one counter write per tenant) and the reply."""
+def _one_running_one_waiting(url, namespace, tenants):
+    """A core with one running and one waiting request per tenant, a store and a
+    synchronizer on ``namespace``, the running ids, and the waiting set as the engines
+    pass it: the change feed ``CORE_WAITING``, or for a ``distributed.py`` without one
+    ``active_clients()`` read each sync, as ``SharedCounterSync.waiting`` did."""
     s = vtc.Scheduler(1 << 20)
-    st = D.RedisStore.from_url(url, f"bench-all-{tenants}", timeout_ms=5000)
+    st = D.RedisStore.from_url(url, namespace, timeout_ms=5000)
     shared = D.SharedCounters(st, replica_id="bench")
     running = list(range(tenants))
     for c in running:
         s.submit(c, c, 10)
-    s.schedule()
+    s.schedule()  # one running request per tenant ...
     for c in running:
-        s.submit(tenants + c, c, 10)
+        s.submit(tenants + c, c, 10)  # ... and one waiting
     core = getattr(D, "CORE_WAITING", None)
 
     def waiting():
@@ -119,6 +120,14 @@ def test_sync_all_charged(benchmark, url, tenants):
             return core
         return [c for c, (w, _) in s.active_clients().items() if w]
 
+    return s, st, shared, running, waiting
+
+
+@pytest.mark.parametrize("tenants", [1000, 10_000])
+def test_sync_all_charged(benchmark, url, tenants):
+    """``test_sync_core_waiting`` with every tenant charged between syncs: nothing for a
+    delta to save, the cost is the push (one counter write per tenant) and the reply."""
+    s, st, shared, running, waiting = _one_running_one_waiting(url, f"bench-all-{tenants}", tenants)
     shared.sync(s, waiting())
     cpu: list[float] = []
 
@@ -148,23 +157,8 @@ def test_sync_core_waiting(benchmark, url, tenants):
     feed ``CORE_WAITING`` (only the tenants changed since the last sync); a
     ``distributed.py`` without one gets ``active_clients()`` read each sync, as
     ``SharedCounterSync.waiting`` did."""
-    s = vtc.Scheduler(1 << 20)
-    st = D.RedisStore.from_url(url, f"bench-core-{tenants}", timeout_ms=5000)
-    shared = D.SharedCounters(st, replica_id="bench")
-    running = list(range(tenants))
-    for c in running:
-        s.submit(c, c, 10)
-    s.schedule()  # one running request per tenant ...
-    for c in running:
-        s.submit(tenants + c, c, 10)  # ... and one waiting
+    s, _, shared, running, waiting = _one_running_one_waiting(url, f"bench-core-{tenants}", tenants)
     charged = running[::10]  # a tenth of the tenants get service per step
-    core = getattr(D, "CORE_WAITING", None)
-
-    def waiting():
-        if core is not None:
-            return core
-        return [c for c, (w, _) in s.active_clients().items() if w]
-
     shared.sync(s, waiting())
 
     def step():
