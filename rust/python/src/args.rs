@@ -22,7 +22,7 @@ use pyo3::prelude::*;
 use pyo3::Borrowed;
 use vtc_core::KeyRef;
 
-use crate::convert::{float_arg, i64_arg, int_arg, request_id_arg, tokens_of};
+use crate::convert::{float_arg, i64_arg, request_id_arg, token_count_arg};
 use crate::keys::client_key;
 
 /// The name an argument's errors carry.
@@ -86,7 +86,7 @@ pub(crate) struct TokenCount(pub(crate) i64);
 impl<'a, 'py> FromPyObject<'a, 'py> for TokenCount {
     type Error = PyErr;
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        Ok(TokenCount(int_arg("tokens", &obj).and_then(tokens_of)?))
+        Ok(TokenCount(token_count_arg(&obj)?))
     }
 }
 

@@ -430,6 +430,12 @@ pub(crate) fn rid_of(v: i128) -> Result<u64> {
     u64::try_from(v).map_err(|_| invalid(format!("request_id must be in [0, 2**64), got {v}")))
 }
 
+/// A `tokens` argument given as one count for every request (`decode`'s
+/// int form, `decode_all`): an int in `[0, MAX_TOKENS_PER_CALL]`.
+pub(crate) fn token_count_arg(obj: &Bound<'_, PyAny>) -> Result<i64> {
+    int_arg("tokens", obj).and_then(tokens_of)
+}
+
 pub(crate) fn tokens_of(v: i128) -> Result<i64> {
     i64::try_from(v).map_err(|_| {
         if v < 0 {

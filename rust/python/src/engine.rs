@@ -12,7 +12,9 @@ use vtc_core::{CoreError, Tokens};
 use crate::args::{
     CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
 };
-use crate::convert::{int_arg, int_arg_sat, read_exact_ints, rid_of, sized_len, tokens_of, Ints};
+use crate::convert::{
+    int_arg_sat, read_exact_ints, rid_of, sized_len, token_count_arg, tokens_of, Ints,
+};
 use crate::errors::{invalid, Error, Result};
 use crate::lookup::PyLookup;
 use crate::outputs::{missing_arg, Outputs};
@@ -174,7 +176,7 @@ impl PyScheduler {
         let mut toks = match tokens {
             None => Toks::Each(Ok(1)),
             Some(t) if t.is_instance_of::<PyInt>() && !t.is_instance_of::<PyBool>() => {
-                Toks::Each(int_arg("tokens", t).and_then(tokens_of))
+                Toks::Each(token_count_arg(t))
             }
             Some(t) => Toks::Per(Ints::new("tokens", t, ids.len())?),
         };
