@@ -554,3 +554,26 @@ def test_two_tenant_metrics_on_one_core_each_stay_right():
             assert metrics._active == adapter.core.active_clients()
             decode = value(reg, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode")
             assert decode == 2 * (step + 1)
+
+
+@pytest.mark.parametrize("where", ["registry"], indirect=True)
+def test_the_reader_table_keeps_one_entry_per_live_puller():
+    """``vtc.metrics._READERS`` (id(core) -> the TenantMetrics that last pulled it)
+    drops an entry when that TenantMetrics is collected or moves to another core,
+    so engines made and dropped in one process leave nothing behind."""
+    import gc
+
+    from vtc import metrics as module
+
+    adapter, first, _, clock = setup()
+    other, _, _, _ = setup()
+    clock.now += 1.0
+    first.refresh(adapter)
+    assert module._READERS[id(adapter.core)]() is first
+    first.refresh(other)  # moves to another core: the first core's entry goes
+    assert id(adapter.core) not in module._READERS
+    assert module._READERS[id(other.core)]() is first
+    key = id(other.core)
+    del first, adapter  # the adapter observes through it
+    gc.collect()
+    assert key not in module._READERS

@@ -886,9 +886,10 @@ class Adapter:
     @contextmanager
     def selecting(self) -> Iterator[None]:
         """An engine scheduling pass (its peeks and pops). Within it the order of the
-        queue changes only by the engine's own calls: the shared counters' background
-        sync waits for the pass to end before it raises counters (:attr:`selection_lock`;
-        vLLM peeks a request, works on it, then pops, and must pop the one it peeked).
+        queue changes only by the engine's own calls: a shared counters' background sync
+        that finds :attr:`selection_lock` held does not wait; it leaves its counter raises
+        to the pass, which applies them at its start or end (vLLM peeks a request, works
+        on it, then pops, and must pop the one it peeked).
         The prefix lookup, if any, answers each request once (:meth:`PrefixLookup.frozen`)."""
         with self.selection_lock:
             sharing = self.sharing

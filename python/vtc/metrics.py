@@ -177,6 +177,25 @@ _BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
 _READERS: dict[int, weakref.ref[Any]] = {}
 
 
+def _reader_gone(key: int) -> Callable[[weakref.ref[Any]], None]:
+    """The weakref callback that drops ``_READERS[key]`` when its TenantMetrics is
+    collected (if the entry is still that one): the table holds one entry per live
+    puller, not one per core ever read."""
+
+    def drop(ref: weakref.ref[Any]) -> None:
+        if _READERS.get(key) is ref:
+            del _READERS[key]
+
+    return drop
+
+
+def _release_reader(key: int, metrics: Any) -> None:
+    """Drop ``_READERS[key]`` if ``metrics`` holds it (it moves to another core)."""
+    ref = _READERS.get(key)
+    if ref is not None and ref() is metrics:
+        del _READERS[key]
+
+
 def _families(registry: Any) -> _Families:
     """The families of ``registry`` (prometheus_client's default if None), created
     once per process and multiprocess directory; a new :class:`TenantMetrics` (a
@@ -408,8 +427,10 @@ class TenantMetrics(Observer):
         reader = _READERS.get(id(core))
         if core is not self._core or reader is None or reader() is not self:
             core.reset_changes(CHANGES_READER)
+            if self._core is not None and core is not self._core:
+                _release_reader(id(self._core), self)
             self._core = core
-            _READERS[id(core)] = weakref.ref(self)
+            _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
         full, changed, gone = core.changes(CHANGES_READER)
         changed = _by_name(changed)
         if full:
