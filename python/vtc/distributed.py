@@ -78,6 +78,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from vtc._core import MAX_COUNTER, Scheduler
@@ -129,6 +130,14 @@ def decode(key: str | bytes) -> Client:
     if isinstance(key, bytes):
         key = key.decode()
     return int(key[2:]) if key.startswith("i:") else key[2:]
+
+
+def _encode_all(clients: Iterable[Client]) -> list[str]:
+    """:func:`encode` of each of ``clients``, in one comprehension: no function call per
+    int or str (a sync may push 10,000)."""
+    return [
+        f"i:{c}" if type(c) is int else f"s:{c}" if type(c) is str else encode(c) for c in clients
+    ]
 
 
 def _decode_all(keys: Iterable[str]) -> list[Client]:
@@ -744,11 +753,9 @@ class RedisStore:
             req.forget_ms,
             FORGET_BATCH,
         ]
-        for pairs in (req.services, req.hints):
-            flat: list[str] = []
-            for c, v in pairs.items():
-                flat += (c, repr(float(v)))
-            args.append(_json_list(flat))
+        for pairs in (req.services, req.hints):  # [key, value, key, value, ...], in C
+            flat = chain.from_iterable(zip(pairs, map(repr, map(float, pairs.values()))))
+            args.append(_json_list(list(flat)))
         for items in (req.add, req.keep, req.remove, req.pull):
             args.append(_json_list(items))
         if req.since is not None:
@@ -1119,7 +1126,8 @@ class SharedCounters:
         self._acked_seq = 0
         self._scheduler: SchedulerLike | None = None
         self._seen: dict[Client, float] = {}  # the scheduler's service() when last folded
-        self._unacked: dict[str, float] = {}  # service folded since the last acknowledged sync
+        #: service folded since the last acknowledged sync, by tenant (encoded at the push)
+        self._unacked: dict[Client, float] = {}
         self._acked_wait: set[Client] = set()
         self._continuous: set[Client] = set()  # waiting here in every look since that sync
         self._since = 0  # the counter version of the last acknowledged reply (0: none)
@@ -1209,10 +1217,8 @@ class SharedCounters:
                 seen[c] = v
                 if d < 0:
                     d = v
-                if d > 0:  # encode(c), without a call for the exact types
-                    t = type(c)
-                    k = f"i:{c}" if t is int else f"s:{c}" if t is str else encode(c)
-                    unacked[k] = unacked.get(k, 0.0) + d
+                if d > 0:
+                    unacked[c] = unacked.get(c, 0.0) + d
 
     def _read_feed(self, scheduler: SchedulerLike) -> None:
         """One read of the change feed: fold the services changed, follow the waiting set.
@@ -1244,8 +1250,17 @@ class SharedCounters:
                     fwait.discard(c)
                     fdirty.add(c)
                     fleft.add(c)
-            self.fold_changed([(c, r[1]) for c, r in rows.items() if seen.get(c) != r[1]])
+            # fold_changed and the waiting set's follow-up fused into one pass over the
+            # rows (the per-tenant Python of a sync after every tenant was charged)
+            unacked = self._unacked
             for c, r in rows.items():
+                v = r[1]
+                old = seen.get(c)
+                if old != v:
+                    seen[c] = v
+                    d = v if old is None or v < old else v - old  # smaller: forgotten, new
+                    if d > 0:
+                        unacked[c] = unacked.get(c, 0.0) + d
                 if r[4]:
                     if c not in fwait:
                         fwait.add(c)
@@ -1267,7 +1282,7 @@ class SharedCounters:
         with self._sync_lock:
             self.attach(scheduler)
             local = scheduler.service(client) - self._seen.get(client, 0.0)
-            return self._unacked.get(encode(client), 0.0) + max(local, 0.0)
+            return self._unacked.get(client, 0.0) + max(local, 0.0)
 
     def forget_idle(self, scheduler: SchedulerLike) -> int:
         """``scheduler.forget_idle()`` without losing service the store has not seen yet.
@@ -1500,12 +1515,16 @@ class SharedCounters:
         if len(clients) > 64 and self._feeding and not self._unacked:
             self._read_feed(scheduler)
             unacked = self._unacked
-            for c, k, g in zip(clients, got, got.values()):
-                value = g + unacked.get(k, 0.0)
-                if not value <= MAX_COUNTER:
-                    self.stats.skipped += 1
-                    continue
-                raise_to[c] = value
+            if unacked:
+                get = unacked.get
+                raise_to = {c: g + get(c, 0.0) for c, g in zip(clients, got.values())}
+            else:  # nothing charged during the round trip (the usual case)
+                raise_to = dict(zip(clients, got.values()))
+            if not max(raise_to.values()) <= MAX_COUNTER:  # rare: leave those out
+                over = [c for c, v in raise_to.items() if not v <= MAX_COUNTER]
+                self.stats.skipped += len(over)
+                for c in over:
+                    del raise_to[c]
             self._apply_raise(scheduler, raise_to)
             return
         if len(clients) <= 64:  # few: one call each, not one dict of every tenant
@@ -1554,7 +1573,8 @@ class SharedCounters:
     def _round_trip(
         self, scheduler: SchedulerLike, wait: set[Client], feed_wait: bool = False
     ) -> tuple[SyncReply, list[str]]:
-        push = dict(self._unacked)
+        unacked = self._unacked
+        push = dict(zip(_encode_all(unacked), unacked.values()))
         keep: list[str] = []
         hints: dict[str, float] = {}
         since: int | None = None
@@ -1562,7 +1582,7 @@ class SharedCounters:
             cont = self._acked_wait - self._fleft if feed_wait else self._continuous
             keep = sorted(map(encode, wait & cont))
             add, rem = sorted(map(encode, wait - cont)), []
-            for c in wait | {decode(k) for k in push}:
+            for c in wait.union(unacked):
                 v = scheduler.counter(c)
                 if v > 0:
                     hints[encode(c)] = v
@@ -1581,8 +1601,7 @@ class SharedCounters:
             if self.delta:
                 since = self._since
         if self.delta:  # the waiting set comes back (arrivals, and any written since)
-            keys = list(push)
-            pull = sorted(k for k, c in zip(keys, _decode_all(keys)) if c not in wait)
+            pull = sorted(_encode_all([c for c in unacked if c not in wait]))
         else:
             pull = sorted({encode(c) for c in wait} | push.keys())
         self._seq += 1

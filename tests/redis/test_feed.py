@@ -14,6 +14,7 @@ from sync_helpers import Recording
 
 import vtc
 from vtc import distributed as D
+from vtc._core import MIN_WEIGHT
 from vtc.config import METRICS_CHANGES_READER, SYNC_CHANGES_READER
 from vtc.metrics import CHANGES_READER
 
@@ -176,3 +177,51 @@ def test_the_feed_sends_what_the_full_read_sends(redis_server, seed):
     assert a.st.counters() == b.st.counters() and a.st.backlog() == b.st.backlog()
     assert a.sh.stats.feed_reads > 0 and b.sh.stats.feed_reads == 0
     assert a.sh.stats.feed_full_reads >= 1
+
+
+TOKENS = 2**32 - 1  # the most one decode call takes for a request
+
+
+class _TopStore:
+    """A store whose every counter is at MAX_COUNTER, and that charges one token to each
+    of ``charged`` (running requests) while the request is out, as an engine step that
+    runs during a background sync's round trip does."""
+
+    def __init__(self, s: vtc.Scheduler, charged: list[int]) -> None:
+        self.s, self.charged = s, charged
+
+    def sync(self, req: D.SyncRequest) -> D.SyncReply:
+        self.s.decode(self.charged, TOKENS)
+        changed = {D.encode(c): D.MAX_COUNTER for c in range(100)}
+        return D.SyncReply("ok", "e", None, [None] * len(req.pull), 1, changed, "0")
+
+    def counters(self):  # pragma: no cover - not read here
+        return {}
+
+    def backlog(self):  # pragma: no cover - not read here
+        return {}
+
+
+def test_a_pulled_counter_past_the_maximum_with_local_charges_is_left_out():
+    """Many counters back (the feed's path): a tenant charged here during the round trip
+    would rise past MAX_COUNTER (the global counter plus that local charge); that
+    tenant's counter is left as it is (``stats.skipped``), every other one rises."""
+    s = vtc.Scheduler(1 << 20)
+    for c in range(100):
+        s.submit(c, c, 10)
+    s.schedule()  # one running request per tenant ...
+    for c in range(100):
+        s.submit(100 + c, c, 10)  # ... and one waiting
+    charged = list(range(0, 100, 2))  # tenants 0, 2, 4, ...: charged mid-sync ...
+    for c in charged:  # ... past the counters' precision at MAX_COUNTER (~1.4e14 apart)
+        s.set_weight(c, MIN_WEIGHT)
+    sh = D.SharedCounters(_TopStore(s, charged), replica_id="r0")
+    before = {c: s.counter(c) for c in range(100)}
+    assert sh.sync(s, D.CORE_WAITING)
+    assert sh.stats.skipped == 50
+    for c in range(100):
+        if c % 2:
+            assert s.counter(c) == D.MAX_COUNTER
+        else:
+            assert s.counter(c) == before[c] + s.wq * TOKENS / MIN_WEIGHT  # its own only
+    s._check_invariants()
