@@ -126,3 +126,48 @@ def test_a_scrape_during_compactions_never_sees_a_series_missing_or_going_back(d
     assert len(seen) >= 20 and None not in seen
     assert seen == sorted(seen) and seen[-1] == 401
     assert files.tenants() == {"stays"}
+
+
+def test_the_files_read_back_with_prometheus_clients_own_readers(directory):
+    """vtc lays its files out itself (one write per rewrite, values updated in place):
+    prometheus_client's readers (the collector's, and ``MmapedDict`` opening one) read
+    every value written, across growth past the first 64 KiB and appends after a
+    rewrite, with keys of every padding length and non-ASCII tenant names."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    files = SeriesFiles(str(directory))
+    tokens, waiting = served(files, CollectorRegistry())
+    names = [f"t{'x' * (i % 9)}-{i}-é" for i in range(700)]  # > 64 KiB of entries
+
+    def labelled(names):  # children made by labels() in this block: vtc's values
+        with files.creating():
+            return [(tokens.labels(tenant=n), waiting.labels(tenant=n)) for n in names]
+
+    children = labelled(names[:300])
+    for i in range(300):
+        children[i][0].inc(i + 0.5)
+    files.remove(names[0])
+    files.compact()  # rewritten: 299 entries laid out in one write
+    children += labelled(names[300:])  # appended to the rewritten files
+    for i in range(300, len(names)):
+        children[i][0].inc(i + 0.5)  # appended, the file grows
+        children[i][1].set(-i)
+    children[1][0].inc(1.0)  # in place
+    path = files.path("counter")
+    assert os.path.getsize(path) > 1 << 16
+    want = {name: i + 0.5 for i, name in enumerate(names) if i > 0}
+    want[names[1]] += 1.0
+    got = {}
+    for key, value, _, _ in MmapedDict.read_all_values_from_file(path):
+        got[key] = value
+    assert len(got) == len(want)
+    reopened = MmapedDict(path, read_mode=True)
+    try:
+        assert {k: v for k, v, _ in reopened.read_all_values()} == got
+    finally:
+        reopened.close()
+    seen = collect(directory)
+    for name, value in want.items():
+        assert seen[("t_tokens_total", frozenset({("tenant", name)}))] == value
+    for i, name in enumerate(names[300:], start=300):
+        assert seen[("t_waiting", frozenset({("tenant", name)}))] == -i

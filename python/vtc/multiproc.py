@@ -26,15 +26,99 @@ never half of one: no counter is counted twice, none goes back.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import values
-from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.mmap_dict import mmap_key
 
 __all__ = ["SeriesFiles"]
+
+_INT = struct.Struct("i")
+_DOUBLES = struct.Struct("dd")
+_INITIAL_SIZE = 1 << 16  # prometheus_client's first size of a file (then doubled)
+
+
+def entry_head(key: str) -> bytes:
+    """The bytes of a file entry before its value: the key's length (4 bytes) and the
+    key (UTF-8), padded with spaces so that the value is 8-byte aligned."""
+    encoded = key.encode("utf-8")
+    return _INT.pack(len(encoded)) + encoded + b" " * (8 - (len(encoded) + 4) % 8)
+
+
+class _File:
+    """One of vtc's files, in prometheus_client's mmap format (its ``MmapedDict``): a
+    4-byte count of the bytes used and 4 of padding, then entries, each
+    :func:`entry_head` then the value and a timestamp (two doubles). Only vtc writes
+    it, so the position of each value is known from the layout: the file is written
+    whole in one write (no per-entry file access) and values are then updated in place.
+
+    Invariant: the header counts only whole entries (an entry is written before the
+    header grows over it), so a reader never sees half of one."""
+
+    def __init__(self, path: str, entries: Iterable[Any]) -> None:
+        """Write ``entries`` (their ``head``, ``key``, ``value``, ``timestamp``) to
+        ``path``, created or truncated, and map it."""
+        parts = [bytes(8)]
+        positions: dict[str, int] = {}
+        used = 8
+        pack = _DOUBLES.pack
+        for e in entries:
+            head = e.head
+            used += len(head)
+            positions[e.key] = used
+            parts += (head, pack(e.value, e.timestamp))
+            used += 16
+        size = _INITIAL_SIZE
+        while size < used:
+            size *= 2
+        data = bytearray(b"".join(parts))
+        data[0:4] = _INT.pack(used)
+        self._f = open(path, "w+b")  # noqa: SIM115 - kept open with its map
+        try:
+            self._f.write(data)
+            self._f.truncate(size)
+            self._f.flush()
+            self._m = mmap.mmap(self._f.fileno(), size)
+        except BaseException:
+            self._f.close()
+            raise
+        self._size = size
+        self._used = used
+        self._positions = positions
+
+    def write_value(self, key: str, head: bytes, value: float, timestamp: float) -> None:
+        """Set ``key``'s value, appending its entry if the file has none."""
+        pos = self._positions.get(key)
+        if pos is None:
+            pos = self._append(head)
+            self._positions[key] = pos
+        self._m[pos : pos + 16] = _DOUBLES.pack(value, timestamp)
+
+    def _append(self, head: bytes) -> int:
+        """A new entry (value 0) at the end; its value's position."""
+        end = self._used + len(head) + 16
+        if end > self._size:
+            size = self._size
+            while size < end:
+                size *= 2
+            self._m.close()
+            self._f.truncate(size)
+            self._m = mmap.mmap(self._f.fileno(), size)
+            self._size = size
+        start = self._used
+        self._m[start:end] = head + bytes(16)
+        self._m[0:4] = _INT.pack(end)  # after the entry: a reader sees it whole or not
+        self._used = end
+        return start + len(head)
+
+    def close(self) -> None:
+        self._m.close()
+        self._f.close()
 
 
 class _Value:
@@ -58,6 +142,7 @@ class _Value:
     ) -> None:
         self.prefix = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
         self.key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+        self.head = entry_head(self.key)  # the key as its file entry starts
         labelnames = tuple(labelnames)
         self.tenant: str | None = labelvalues[0] if labelnames[:1] == ("tenant",) else None
         self.value = 0.0
@@ -87,7 +172,7 @@ class SeriesFiles:
         self.directory = directory
         self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._files: dict[str, MmapedDict] = {}  # file prefix -> its open file
+        self._files: dict[str, _File] = {}  # file prefix -> its open file
         self._series: dict[str, dict[str, _Value]] = {}  # file prefix -> key -> value
         self._tenants: dict[str, list[_Value]] = {}  # tenant label -> its values
         self._stale: set[str] = set()  # prefixes whose file still holds removed series
@@ -117,14 +202,16 @@ class SeriesFiles:
             self._series.setdefault(value.prefix, {})[value.key] = value
             if value.tenant is not None:
                 self._tenants.setdefault(value.tenant, []).append(value)
-            self._file(value.prefix).write_value(value.key, value.value, value.timestamp)
+            self._file(value.prefix).write_value(
+                value.key, value.head, value.value, value.timestamp
+            )
 
     def write(self, value: _Value, new: float, timestamp: float) -> None:
         with self._lock:
             self._follow_fork()
             value.value, value.timestamp = new, timestamp
             if self._series.get(value.prefix, {}).get(value.key) is value:
-                self._file(value.prefix).write_value(value.key, new, timestamp)
+                self._file(value.prefix).write_value(value.key, value.head, new, timestamp)
 
     def remove(self, tenant: str) -> None:
         """Remove every series labelled ``tenant`` (from the files at :meth:`compact`)."""
@@ -155,21 +242,17 @@ class SeriesFiles:
             return set(self._tenants)
 
     # -- files ---------------------------------------------------------------------------
-    def _file(self, prefix: str) -> MmapedDict:
+    def _file(self, prefix: str) -> _File:
         file = self._files.get(prefix)
         return self._rewrite(prefix) if file is None else file
 
-    def _rewrite(self, prefix: str) -> MmapedDict:
+    def _rewrite(self, prefix: str) -> _File:
         """Write ``prefix``'s series to a new file and put it in place of the old one
         (a file left by an earlier process with this pid included)."""
         path = self.path(prefix)
         new = path + ".new"  # not *.db: the collector never reads it
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(new)
-        file = MmapedDict(new)
+        file = _File(new, self._series.get(prefix, {}).values())
         try:
-            for value in self._series.get(prefix, {}).values():
-                file.write_value(value.key, value.value, value.timestamp)
             os.replace(new, path)
         except BaseException:
             file.close()
