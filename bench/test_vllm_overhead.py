@@ -198,10 +198,12 @@ class TimedVTCQueue(VTCRequestQueue):
     """VTC's waiting queue with a clock on every entry point vLLM or the
     scheduler mixin calls (outermost calls only): ``ns`` is the time spent in
     VTC's code. The mixin's own lines around ``super()`` calls are not timed
-    (a comparison and an attribute read or two per step)."""
+    (a comparison and an attribute read or two per step). ``by_name``: the
+    same time split by entry point, with the number of calls."""
 
     ns = 0
     _depth = 0
+    by_name: dict[str, list[int]] | None = None  # name -> [ns, calls]
 
 
 def _timed(name: str) -> Any:
@@ -215,8 +217,14 @@ def _timed(name: str) -> Any:
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.ns += time.perf_counter_ns() - t0
+            dt = time.perf_counter_ns() - t0
+            self.ns += dt
             self._depth = 0
+            if self.by_name is None:
+                self.by_name = {}
+            entry = self.by_name.setdefault(name, [0, 0])
+            entry[0] += dt
+            entry[1] += 1
 
     timed.__name__ = name
     return timed
@@ -289,12 +297,15 @@ class Trio:
         self.fair = vtc_engine(config, timed=True)
         self.replay = replay_engine(config)
         self.vtc_code_ns: list[int] = []  # per step: time in VTC's code
+        self.by_name: list[dict[str, list[int]]] = []  # per step: TimedVTCQueue.by_name
 
     def round(self) -> None:
         queue = self.fair.s.waiting
         before = queue.ns
+        queue.by_name = {}
         self.fair.step()
         self.vtc_code_ns.append(queue.ns - before)
+        self.by_name.append(queue.by_name)
         self.replay.s.waiting.plan(self.fair.admissions[-1])
         self.replay.step()
         self.stock.step()
@@ -304,6 +315,7 @@ class Trio:
             engine.scheduler_ns.clear()
             engine.min_batch = MAX_NUM_SEQS
         self.vtc_code_ns.clear()
+        self.by_name.clear()
 
     def ratios(self) -> dict[str, float]:
         med = statistics.median
@@ -318,6 +330,22 @@ class Trio:
             "replay_over_stock": replay / stock,
             "vtc_code_share": med(self.vtc_code_ns) / stock,
         }
+
+    def entry_points(self) -> dict[str, tuple[float, float, float]]:
+        """Per entry point of VTC's queue, per step: the median and mean time (µs)
+        and the mean number of calls (a step without a call counts 0 µs)."""
+        steps = self.by_name
+        names = sorted({k for step in steps for k in step})
+        result = {}
+        for name in names:
+            ns = [step.get(name, (0, 0))[0] for step in steps]
+            calls = [step.get(name, (0, 0))[1] for step in steps]
+            result[name] = (
+                statistics.median(ns) / 1e3,
+                statistics.fmean(ns) / 1e3,
+                statistics.fmean(calls),
+            )
+        return result
 
     def check(self) -> None:
         # Same workload, same seed: every engine served the same number of
@@ -343,6 +371,7 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
     (a few percent either way per process), so the trials are independent
     engines and the summary is their geometric mean."""
     trials: list[dict[str, float]] = []
+    entry_points: list[dict[str, tuple[float, float, float]]] = []
     for t in range(TRIALS):
         trio = Trio(config)
         for _ in range(WARMUP):
@@ -356,6 +385,7 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
                 trio.round()
         trio.check()
         trials.append(trio.ratios())
+        entry_points.append(trio.entry_points())
         del trio
 
     def gmean(key: str) -> float:
@@ -372,6 +402,13 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
                 f"{r['vtc_code_us']:5.1f} us = {100 * r['vtc_code_share']:.2f}% of stock | "
                 f"VTC/replay {r['vtc_over_replay']:.3f} | VTC/stock {r['vtc_over_stock']:.3f} | "
                 f"replay/stock {r['replay_over_stock']:.3f}"
+            )
+        print("  VTC's code by entry point, per step: median / mean us (calls), per trial:")
+        for name in sorted({k for e in entry_points for k in e}):
+            cells = [e.get(name, (0.0, 0.0, 0.0)) for e in entry_points]
+            print(
+                f"    {name:15s} "
+                + " | ".join(f"{med:5.1f} / {mean:5.1f} us ({n:4.2f})" for med, mean, n in cells)
             )
 
 
