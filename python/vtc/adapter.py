@@ -259,6 +259,15 @@ class Requests:
     whose hash is taken by another live request gets the next free id, kept
     in :attr:`overrides`. A request's state is the core's alone
     (``status(rid)``): nothing here can fall out of step with it.
+
+    The engine's hot questions cost nothing when nothing changed since they
+    were last asked: :meth:`num_waiting` is read from the core once per
+    change (every call here that changes the core counts one in
+    :attr:`changes`; the core's waiting set changes by no other path), and
+    :meth:`head` once per change within a scheduling pass (:meth:`selecting`),
+    while the order can change by no other path: outside a pass a counter may
+    rise meanwhile (shared counters' sync, weights reloaded), so it asks the
+    core each time.
     """
 
     def __init__(self, core: Scheduler, observers: _Observers | None = None) -> None:
@@ -271,6 +280,13 @@ class Requests:
         self._M = core.M
         self._aside: dict[Hashable, int] = {}  # key -> order it was set aside in
         self._aside_seq = 0
+        #: calls here that changed (or may have changed) the core, so far
+        self.changes = 0
+        self._count = 0
+        self._count_at = -1  # ``changes`` when _count was read (-1: never)
+        self._head: Tracked | None = None
+        self._head_at = -1  # ``changes`` when _head was read in this pass (-1: not in one)
+        self._in_pass = False
 
     # -- lookups ---------------------------------------------------------------------
     def get(self, key: Hashable) -> Tracked | None:
@@ -286,9 +302,35 @@ class Requests:
         return self._by_rid.get(rid)
 
     def head(self) -> Tracked | None:
-        """The request the core admits next (None if none waits)."""
+        """The request the core admits next (None if none waits); within a
+        scheduling pass, asked of the core once per change."""
+        if self._head_at == self.changes:
+            return self._head
         rid = self.core.peek()
-        return None if rid is None else self._by_rid[rid]
+        t = None if rid is None else self._by_rid[rid]
+        if self._in_pass:
+            self._head, self._head_at = t, self.changes
+        return t
+
+    def num_waiting(self) -> int:
+        """The core's ``num_waiting``, asked of it once per change."""
+        if self._count_at != self.changes:
+            self._count, self._count_at = self.core.num_waiting, self.changes
+        return self._count
+
+    def _charging(self) -> None:
+        """A change that moves counters, never a request: the count stays known."""
+        known = self._count_at == self.changes
+        self.changes += 1
+        if known:
+            self._count_at = self.changes
+
+    def selecting(self, on: bool) -> None:
+        """A scheduling pass starts (True) or ends (False): within it the order of
+        the queue changes only by calls here, so :meth:`head` may be kept
+        (:meth:`Adapter.selecting` marks the passes)."""
+        self._in_pass = on
+        self._head_at = -1
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -349,9 +391,13 @@ class Requests:
             rid = (rid + 1) % (1 << 64)
         n = min(max(int(prompt_len), 1), self._M)
         priority = min(max(int(priority), -(2**63)), 2**63 - 1)  # the core's 64-bit bands
+        known = self._count_at == self.changes
+        self.changes += 1
         if self.observers.wants("arriving"):
             self.observers.notify("arriving", tenant)
         self.core.submit(rid, tenant, n, priority=priority)
+        if known:  # one more waiting: the count stays known
+            self._count, self._count_at = self._count + 1, self.changes
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
@@ -364,9 +410,13 @@ class Requests:
         ``cached_len`` prefix-cache tokens; a preempted request's prompt never
         again), then the tokens it owes."""
         cached = min(max(int(cached_len), 0), t.prompt_len)
+        known = self._count_at == self.changes
+        self.changes += 1
         rid = self.core.pop(cached_len=cached)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
+        if known:  # one fewer waiting
+            self._count, self._count_at = self._count - 1, self.changes
         t.admissions += 1
         owed, t.owed = t.owed, 0
         if owed:
@@ -379,6 +429,7 @@ class Requests:
 
     def set_aside(self, t: Tracked) -> None:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
+        self.changes += 1
         rid = self.core.set_aside()
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
@@ -391,6 +442,7 @@ class Requests:
         a waiting request stays as it is. ``state``: its :meth:`status`, if known."""
         if state is None:
             state = self.core.status(t.rid)
+        self.changes += 1
         if state == ASIDE:
             self.core.put_back(t.rid)
             del self._aside[t.key]
@@ -443,6 +495,8 @@ class Requests:
         t = self._by_key.pop(key, None)
         if t is None:
             return None
+        known = self._count_at == self.changes
+        self.changes += 1
         del self._by_rid[t.rid]
         if self.overrides:
             self.overrides.pop(key, None)
@@ -454,6 +508,8 @@ class Requests:
             self.core.finish(t.rid)
         elif state is not None:
             self.core.cancel(t.rid)
+        if known and (state == RUNNING or state == WAITING):  # the count stays known
+            self._count, self._count_at = self._count - (state == WAITING), self.changes
         if self.observers:
             self.observers.notify("released", t, done)
         return t
@@ -474,6 +530,7 @@ class Requests:
                 per_rid[t.rid] = per_rid.get(t.rid, 0) + n
         if not per_rid:
             return []
+        self._charging()
         try:
             _decode(self.core, per_rid)
             idle = []
@@ -537,6 +594,7 @@ class Requests:
             return
         ids = operator.attrgetter(id_attr)
         counts = operator.attrgetter(tokens_attr)
+        self._charging()
         try:
             self.core.decode_outputs(
                 outputs, self.overrides, missing="hash", id_attr=id_attr, tokens_attr=tokens_attr
@@ -895,6 +953,8 @@ class Adapter:
             sharing = self.sharing
             if sharing is not None:
                 sharing.pass_edge()
+            requests = self.requests
+            requests.selecting(True)  # the order changes only by its calls: keep the head
             try:
                 lookup = self.prefix_lookup
                 if lookup is None:
@@ -903,6 +963,7 @@ class Adapter:
                 with lookup.frozen():
                     yield
             finally:
+                requests.selecting(False)
                 if sharing is not None:
                     sharing.pass_edge()
 

@@ -264,13 +264,17 @@ class VTCRequestQueue(RequestQueue):
         """Requests the integration holds state for (0 once all are finished)."""
         return len(self.requests)
 
+    # vLLM asks these several times a step: answered from Requests' count, read
+    # from the core once per change (and __bool__ without a second call)
     def __bool__(self) -> bool:
-        return len(self) > 0
+        if self._pending is not None:
+            self.settle()
+        return self.requests.num_waiting() > 0
 
     def __len__(self) -> int:
         if self._pending is not None:
             self.settle()
-        return self.core.num_waiting
+        return self.requests.num_waiting()
 
     def __iter__(self) -> Iterator[Request]:
         self.settle()

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +48,36 @@ from redis_server import RedisServer, running_redis  # noqa: E402
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A real redis-server on loopback (tests/redis_server.py), for shared counters."""
     yield from running_redis(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Every answer ``vtc.adapter.Requests`` gives from its cache (``head`` within a
+    scheduling pass, ``num_waiting``) is checked against the core's own, so every
+    test here (preemption, priorities, skips, locality, shared counters) fails on
+    a stale one. Yields how many cached answers were checked."""
+    from vtc.adapter import Requests
+
+    checked = {"head": 0, "num_waiting": 0}
+    head, num_waiting = Requests.head, Requests.num_waiting
+
+    def checked_head(self: Requests) -> Any:
+        cached = self._head_at == self.changes
+        t = head(self)
+        if cached:
+            rid = self.core.peek()  # (within a pass: the lookup's answers are frozen)
+            assert t is (None if rid is None else self._by_rid[rid]), "stale head"
+            checked["head"] += 1
+        return t
+
+    def checked_num_waiting(self: Requests) -> int:
+        cached = self._count_at == self.changes
+        n = num_waiting(self)
+        if cached:
+            assert n == self.core.num_waiting, "stale count"
+            checked["num_waiting"] += 1
+        return n
+
+    monkeypatch.setattr(Requests, "head", checked_head)
+    monkeypatch.setattr(Requests, "num_waiting", checked_num_waiting)
+    return checked

@@ -207,6 +207,26 @@ def test_priority_preemption_evicts_the_batch_band_and_never_charges_twice(
     assert s.tenant_services() == {t: WP * 48 + WQ * 48 for t in "abu"}
 
 
+def test_the_queue_answers_from_its_cache_and_never_a_stale_one(
+    model_dir: str, cache_checks: dict[str, int]
+) -> None:
+    """vLLM's peeks, pops, ``bool`` and ``len`` of the queue are answered from
+    ``Requests``' cache when nothing changed (issue 20, item 4), through
+    preemptions, priority bands and a counter raised between steps; the
+    ``cache_checks`` fixture fails the test on any stale answer."""
+    config = vllm_config(model_dir, max_num_seqs=3, policy="priority")
+    s = make_scheduler(VTCScheduler, config, num_blocks=12)
+    plan = (("a", 1), ("b", 1), ("u", 0), ("a", 1), ("b", 0), ("c", 1))
+    requests = [make_request(t, 48, 48, priority=p) for t, p in plan]
+    for r in requests[:3]:
+        s.add_request(r)
+    step(s)
+    s.vtc.raise_counter("a", 1e6)  # as a shared counters' sync does between passes
+    assert run_counting_preemptions(s, requests[3:]) > 0
+    assert cache_checks["head"] > 0 and cache_checks["num_waiting"] > 0
+    assert_empty(s)
+
+
 def test_batch_of_several_tenants_is_consistent_each_step(model_dir: str) -> None:
     s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=3))
     requests = [make_request(t, 24 + 8 * i, 5 + i) for i, t in enumerate("aabbbcca" * 2)]

@@ -1,0 +1,177 @@
+"""vtc.adapter.Requests' answers to the engine's hot questions (``head``,
+``num_waiting``): asked of the core once per change, never stale. Every
+check compares the cached answer with the core's own, after each kind of
+change, inside and outside a scheduling pass (issue 20, item 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import vtc
+from vtc.adapter import ASIDE, RUNNING, Adapter, Requests
+from vtc.config import EngineConfig
+
+
+class Counting:
+    """A core that counts the calls the engine's hot questions make."""
+
+    def __init__(self, core: vtc.Scheduler) -> None:
+        self._core = core
+        self.peeks = 0
+        self.counts = 0
+
+    def peek(self) -> Any:
+        self.peeks += 1
+        return self._core.peek()
+
+    @property
+    def num_waiting(self) -> int:
+        self.counts += 1
+        return self._core.num_waiting
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+
+class FakeSharing:
+    """Shared counters' pass edges: each edge raises the counters queued for it
+    (what ``apply_deferred`` does with a background sync's raises)."""
+
+    def __init__(self, core: vtc.Scheduler) -> None:
+        self.core = core
+        self.raises: list[dict[str, float]] = []
+
+    def pass_edge(self) -> None:
+        if self.raises:
+            self.core.raise_counters(self.raises.pop(0))
+
+    def close(self) -> None:
+        pass
+
+
+def setup() -> tuple[Adapter, Counting]:
+    ad = Adapter(vtc.Scheduler(M=10**6), EngineConfig())
+    counting = Counting(ad.core)
+    ad.requests.core = counting
+    return ad, counting
+
+
+def fresh(requests: Requests) -> Any:
+    """The head as the core has it now, asked without any cache."""
+    rid = requests.core._core.peek()
+    return None if rid is None else requests.at(rid)
+
+
+def check(ad: Adapter) -> Any:
+    r = ad.requests
+    assert r.num_waiting() == ad.core.num_waiting
+    head = r.head()
+    assert head is fresh(r)
+    return head
+
+
+def test_hot_questions_ask_the_core_once_per_change() -> None:
+    ad, core = setup()
+    r = ad.requests
+    ta = ad.enqueue("a1", "A1", ("a",), 10)
+    ad.enqueue("b1", "B1", ("b",), 10)
+    with ad.selecting():
+        assert [r.head() for _ in range(3)] == [ta] * 3
+        assert [r.num_waiting() for _ in range(3)] == [2] * 3
+        assert (core.peeks, core.counts) == (1, 1)
+        r.admit(ta, 0)  # a change: the head is asked again, once
+        tb = r.head()
+        assert tb is not ta and r.head() is tb and r.num_waiting() == 1
+        assert (core.peeks, core.counts) == (2, 1)  # the count: one fewer, known
+    assert r.head() is tb and r.head() is tb  # outside a pass: asked each time
+    assert core.peeks == 4
+    r.charge([(ta, 5)])  # counters move, requests do not: the count stays known
+    ad.enqueue("c1", "C1", ("c",), 10)  # one more
+    assert r.num_waiting() == 2 == ad.core.num_waiting and core.counts == 1
+    r.set_aside(r.head())  # (not worth keeping: asked again)
+    assert r.num_waiting() == 1 and core.counts == 2
+
+
+def test_the_head_and_count_follow_every_change_within_a_pass() -> None:
+    ad, _ = setup()
+    r = ad.requests
+    seen = []
+    with ad.selecting():
+        for key, tenant in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+            ad.enqueue(key, key, (tenant,), 100)
+            seen.append(check(ad))
+        head = check(ad)
+        r.admit(head, 0)  # its tenant is charged 100: the other one's head is next
+        seen.append(check(ad))
+        r.set_aside(check(ad))
+        seen.append(check(ad))
+        r.put_back(r.get(next(iter(r._aside))), ASIDE)
+        seen.append(check(ad))
+        running = r.get("a1") if ad.core.status(r.get("a1").rid) == RUNNING else r.get("b1")
+        r.put_back(running, RUNNING)  # preempted: back to its tenant's head
+        seen.append(check(ad))
+        r.admit(check(ad), 0)
+        seen.append(check(ad))
+        r.charge([(t, 500) for t in r if ad.core.status(t.rid) == RUNNING])
+        seen.append(check(ad))
+        r.charge_outputs([_Out(t.key, 1000) for t in r if ad.core.status(t.rid) == RUNNING])
+        seen.append(check(ad))
+        r.release(check(ad).key)  # a waiting one
+        seen.append(check(ad))
+        r.release(next(t.key for t in r if ad.core.status(t.rid) == RUNNING), finished=True)
+        seen.append(check(ad))
+        ad.enqueue("b2", "b2", ("b",), 100)
+        r.admit(check(ad), 0)
+        seen.append(check(ad))
+        r.release(next(t.key for t in r if ad.core.status(t.rid) == RUNNING))  # cancelled
+        seen.append(check(ad))
+        ad.enqueue("c1", "c1", ("c",), 10)  # a new tenant, lifted to the floor
+        seen.append(check(ad))
+    assert len({id(t) for t in seen}) >= 3  # the head did change along the way
+
+
+class _Out:
+    def __init__(self, request_id: str, n: int) -> None:
+        self.request_id = request_id
+        self.new_token_ids = [0] * n
+
+
+def test_a_counter_raised_between_passes_is_seen() -> None:
+    """Outside a pass nothing is kept: a counter raised there (shared counters'
+    background sync, a weights reload) decides the next head. Shared counters'
+    raises at a pass's edges are outside it too."""
+    ad, _ = setup()
+    r = ad.requests
+    ta = ad.enqueue("a1", "A1", ("a",), 10)
+    tb = ad.enqueue("b1", "B1", ("b",), 10)
+    with ad.selecting():
+        assert r.head() is ta
+    ad.core.raise_counter("a", 1000.0)
+    assert check(ad) is tb
+    with ad.selecting():
+        assert r.head() is tb
+        ad.core.set_weight("b", 1e-3)  # (not within a pass in an engine)
+    r.charge([(r.get("a1"), 0)])  # nothing charged: no change
+    sharing = ad.sharing = FakeSharing(ad.core)
+    sharing.raises = [{"b": 2000.0}, {"a": 3000.0}]  # at the next pass's start, end
+    with ad.selecting():
+        assert check(ad) is ta  # b raised at the start of the pass
+    assert check(ad) is tb  # a raised at its end
+    ad.core.set_weight("b", 1.0)
+
+
+def test_a_charge_within_a_pass_moves_the_head() -> None:
+    ad, _ = setup()
+    r = ad.requests
+    for key in ("a1", "b1", "a2", "b2"):
+        ad.enqueue(key, key, (key[0],), 10)
+    with ad.selecting():
+        r.admit(check(ad), 0)
+        r.admit(check(ad), 0)  # a1 and b1 running, a2 and b2 waiting
+        assert check(ad) is r.get("a2")
+        r.charge([(r.get("a1"), 1000)])
+        assert check(ad) is r.get("b2")
+        r.charge_outputs([_Out("b1", 5000)])
+        assert check(ad) is r.get("a2")
+        r.charge_keys([("a1", 10_000)])
+        assert check(ad) is r.get("b2")
