@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 
 def state(s, rids=(), tokens: bool = True) -> dict:
     """Everything observable about a scheduler, for before/after comparisons
@@ -66,3 +68,32 @@ def drive_random(
             if s.generated(r) >= outputs[r]:
                 s.finish(r)
     return admitted
+
+
+class FairnessReference:
+    """The fairness window as ``TenantMetrics.refresh`` computed it in Python
+    before ``vtc._core.FairnessWindow`` (the reference of its tests): snapshots of
+    every tenant's service and of the backlogged set, by name."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.history: deque = deque()
+
+    def refresh(self, core, now: float) -> tuple[float | None, float, int]:
+        from vtc.metrics import jain_index
+
+        services = {str(k): v for k, v in core.services().items()}
+        counters = {str(k): v for k, v in core.counters().items()}
+        backlogged = {str(k) for k, (w, _) in core.active_clients().items() if w}
+        history = self.history
+        while len(history) > 1 and now - history[1][0] >= self.window:
+            history.popleft()
+        start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
+        if not history or now - history[-1][0] >= self.window / 32:
+            history.append((now, dict(services), frozenset(backlogged)))
+        spread = [counters[t] for t in backlogged]
+        jain = None
+        if now > start:
+            both = was_backlogged.intersection(backlogged)
+            jain = jain_index([services[t] - before[t] for t in both])
+        return jain, max(spread) - min(spread) if len(spread) > 1 else 0.0, len(backlogged)

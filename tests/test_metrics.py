@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
+from helpers import FairnessReference
 from vtc.adapter import Adapter
 from vtc.config import EngineConfig
 from vtc.metrics import OTHER, TenantMetrics, jain_index
@@ -442,7 +443,6 @@ def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
         assert metrics._counters == core.counters()
         assert metrics._services == core.services()
         assert metrics._active == core.active_clients()
-        assert metrics._backlogged == {t for t, (w, _) in core.active_clients().items() if w}
 
     mirrored()
     for t in running.values():
@@ -473,12 +473,15 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
     forgets, a refresh after a random few; after each the mirror (pulled
     incrementally, by C passes over the changed tenants) equals the core's full read,
     and the token series add up to every token charged (none lost, none twice; the
-    series of a tenant forgotten or unlabelled leave with what they showed)."""
+    series of a tenant forgotten or unlabelled leave with what they showed); the
+    spread and Jain's index gauges (from the core's FairnessWindow) are what the
+    Python computation they replace gives (``helpers.FairnessReference``)."""
     import random
 
     rng = random.Random(seed)
     adapter, metrics, registry, clock = setup(M=2_000, max_tenants=5)
     core = adapter.core
+    reference = FairnessReference(metrics.window)
     charged = {"prompt": 0, "decode": 0}
     live: list = []
     n = 0
@@ -523,7 +526,12 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
             assert metrics._counters == core.counters()
             assert metrics._services == core.services()
             assert metrics._active == core.active_clients()
-            assert metrics._backlogged == {t for t, (w, _) in core.active_clients().items() if w}
+            jain, spread, _ = reference.refresh(core, clock.now)  # the Python computation
+            assert value(registry, "vtc_counter_spread") == spread
+            if jain is not None:
+                assert value(registry, "vtc_fairness_jain_index") == pytest.approx(
+                    jain, rel=1e-12, nan_ok=True
+                )
             assert metrics._waiting == sum(w for w, _ in core.active_clients().values())
             assert metrics._running == sum(r for _, r in core.active_clients().values())
             tokens = _series_totals(registry, "vtc_tenant_service_tokens_total", "kind")

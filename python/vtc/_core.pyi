@@ -32,6 +32,7 @@ __all__ = [
     "LinearCost",
     "QuadraticCost",
     "ContextCost",
+    "FairnessWindow",
     "key_id",
     "SchedulerError",
     "InvalidArgumentError",
@@ -131,6 +132,34 @@ class ContextCost:
         """``wp`` 1.0, ``wq`` 2.0 and ``beta`` 1/512 when omitted."""
 
 _Cost = LinearCost | QuadraticCost | ContextCost
+
+@final
+class FairnessWindow:
+    """The window figures of the per-tenant metrics (``vtc.metrics``), kept in the
+    core: snapshots of the services of the backlogged clients (waiting or set-aside
+    requests), one every ``window / 32`` seconds at most, the window's start being
+    the last snapshot at least ``window`` old (else the first). Clients are matched
+    across snapshots by key (a client forgotten and back is the same tenant, its
+    service started again); clients without a key are left out. One per reader: the
+    snapshots follow its own clock. ``window``: seconds, > 0 (``inf`` allowed), else
+    ``InvalidArgumentError``."""
+
+    def __new__(cls, window: float) -> Self: ...
+    @property
+    def window(self) -> float: ...
+    @property
+    def snapshots(self) -> int:
+        """Snapshots kept (at most ~34 while time moves forward)."""
+    def refresh(self, scheduler: Scheduler, now: float) -> tuple[float | None, float, int]:
+        """``(jain, spread, backlogged)`` of ``scheduler`` at time ``now`` (seconds,
+        a clock that does not go back; one going back or NaN takes no snapshot and
+        drops none), taking a snapshot when one is due. ``jain``: Jain's index
+        ``(sum g)^2 / (n * sum g^2)`` of the services ``g`` gained since the window's
+        start by the clients backlogged both then and now (NaN for none, or all 0;
+        None while the window has no start before ``now``: the first refresh);
+        ``spread``: max - min counter of the clients backlogged now (0.0 for fewer
+        than two); ``backlogged``: how many. O(clients) in Rust, one call. Not a
+        ``Scheduler``: ``TypeError``."""
 
 @final
 class Scheduler:

@@ -7,6 +7,9 @@ since the last one (``Scheduler.changes``, reader slot :data:`CHANGES_READER`: t
 counters, services, token tallies and request counts, and the tenants forgotten),
 into a mirror of every tenant kept here, and before the core forgets tenants (whose
 tallies go with them); the adapter tells it only of admissions and preemptions.
+Jain's index and the counter spread come from the core in one call
+(``vtc._core.FairnessWindow``, which keeps the window's snapshots of the backlogged
+tenants); the core must be a ``vtc.Scheduler``.
 
 ===================================  =========  ====================================
 series                               type       meaning
@@ -62,6 +65,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+from vtc._core import FairnessWindow
 from vtc.config import METRICS_CHANGES_READER
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
@@ -303,7 +307,6 @@ class TenantMetrics(Observer):
         self._counters: dict[str, float] = {}
         self._services: dict[str, float] = {}
         self._active: dict[str, tuple[int, int]] = {}  # (waiting, running), not both 0
-        self._backlogged: set[str] = set()  # waiting > 0
         self._waiting = self._running = 0  # over every tenant
         self._dirty: set[str] = set()  # changed since the last refresh
         self._labelled: set[str] = set()  # tenants with their own series
@@ -311,8 +314,10 @@ class TenantMetrics(Observer):
         self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
         # labelled tenant -> its counter, weight, waiting and running entries of _series
         self._rows: dict[str, tuple[list[Any], ...]] = {}
-        # (time, {tenant: service}, backlogged tenants), a few per window
-        self._history: deque[tuple[float, dict[str, float], frozenset[str]]] = deque()
+        # (time, {tenant: service}), a few per window: the labels' window
+        self._history: deque[tuple[float, dict[str, float]]] = deque()
+        # the same window's snapshots of the backlogged tenants, in the core
+        self._fairness = FairnessWindow(window)
 
     # -- observer points ---------------------------------------------------------------
     # Tokens are not observed charge by charge: the core keeps each tenant's
@@ -349,21 +354,26 @@ class TenantMetrics(Observer):
     # Per-tenant Python work is for the tenants changed since the last refresh (the
     # core lists them: Scheduler.changes), the labelled ones whose values changed,
     # and the relabelling's candidates; what looks at every tenant is a pass in C
-    # (a dict copy, map, compress, min/max), not a Python loop.
+    # (the labels' window: a dict copy, map, compress) or in Rust (Jain's index and
+    # the counter spread: vtc._core.FairnessWindow, one call), not a Python loop.
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
         self._pull(adapter.core)
         counters, services, active = self._counters, self._services, self._active
-        backlogged, dirty = self._backlogged, self._dirty
+        dirty = self._dirty
 
+        # Jain's index and the spread over the backlogged tenants, from the core's
+        # own snapshots of the window (FairnessWindow: one pass in Rust); the
+        # labels' snapshots below follow the same times, so the same start.
+        jain, spread, _ = self._fairness.refresh(adapter.core, now)
         history = self._history
         while len(history) > 1 and now - history[1][0] >= self.window:
             history.popleft()
         # the window's start: the last snapshot at least `window` old, else the first
-        start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
+        before = history[0][1] if history else {}
         if not history or now - history[-1][0] >= self.window / 32:  # bounded: ~33 kept
-            history.append((now, dict(services), frozenset(backlogged)))
+            history.append((now, dict(services)))
 
         self._relabel(services, before)
         labelled = self._labelled
@@ -399,8 +409,7 @@ class TenantMetrics(Observer):
                 self.sync_seconds.observe(durations.popleft())
             self.sync_degraded.set(1.0 if sharing.shared.degraded else 0.0)
         self.active.set(len(active))
-        spread = list(map(counters.__getitem__, backlogged))
-        self.spread.set(max(spread) - min(spread) if len(spread) > 1 else 0.0)
+        self.spread.set(spread)
         config = adapter.config
         if self.budget is None:
             self.bound.set(math.nan)
@@ -409,10 +418,9 @@ class TenantMetrics(Observer):
         # Jain's index: the tenants backlogged at the window's start and now. The
         # core's services are already per unit of weight: fair shares are equal.
         # (Services gained, not rates: the index does not change with the scale.)
-        if now > start:
-            both = was_backlogged.intersection(backlogged)
-            gained = list(map(sub, map(services.__getitem__, both), map(before.__getitem__, both)))
-            self.jain.set(jain_index(gained))
+        # None: the window has no start before now yet (the first refresh).
+        if jain is not None:
+            self.jain.set(jain)
         dirty.clear()
         self._compact()
 
@@ -437,12 +445,7 @@ class TenantMetrics(Observer):
             gone = [t for t in self._counters if t not in changed]
         for tenant in gone:
             self._drop(str(tenant))
-        counters, services, active, backlogged = (
-            self._counters,
-            self._services,
-            self._active,
-            self._backlogged,
-        )
+        counters, services, active = self._counters, self._services, self._active
         seen, prompt, decode = self._seen, self._prompt, self._decode
         for tenant, (c, s, p, d, w, r) in changed.items():
             counters[tenant] = c
@@ -455,10 +458,6 @@ class TenantMetrics(Observer):
                     active[tenant] = (w, r)
                 else:
                     del active[tenant]
-                if w:
-                    backlogged.add(tenant)
-                else:
-                    backlogged.discard(tenant)
             p0, d0 = seen.get(tenant, _IDLE)
             if p0 > p or d0 > d:
                 p0 = d0 = 0
@@ -474,7 +473,6 @@ class TenantMetrics(Observer):
         self._counters.pop(tenant, None)
         self._services.pop(tenant, None)
         self._seen.pop(tenant, None)
-        self._backlogged.discard(tenant)
         self._dirty.discard(tenant)
         w, r = self._active.pop(tenant, _IDLE)
         self._waiting -= w

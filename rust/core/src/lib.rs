@@ -22,6 +22,7 @@ mod client;
 mod config;
 mod cost;
 mod error;
+pub mod fairness;
 mod heap;
 mod keys;
 pub mod limits;

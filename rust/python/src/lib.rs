@@ -21,6 +21,7 @@ mod convert;
 mod costs;
 mod engine;
 mod errors;
+mod fairness;
 mod keys;
 mod lookup;
 mod outputs;
@@ -456,6 +457,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
+    m.add_class::<fairness::PyFairnessWindow>()?;
     m.add_function(wrap_pyfunction!(outputs::key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [

@@ -1,0 +1,112 @@
+"""vtc._core.FairnessWindow: the per-tenant metrics' Jain's index and counter spread
+over a sliding window, computed in the core, against the Python computation
+``vtc.metrics`` did before (kept here as the reference) over random workloads."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import vtc
+from helpers import FairnessReference as Reference
+from vtc._core import FairnessWindow
+from vtc.metrics import jain_index
+
+
+def same(got, want) -> bool:
+    (j, spread, n), (rj, rspread, rn) = got, want
+    if (j is None) != (rj is None):
+        return False
+    if j is not None and not (math.isnan(j) and math.isnan(rj)):
+        if j != pytest.approx(rj, rel=1e-12):
+            return False
+    return spread == rspread and n == rn
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_core_window_is_the_python_computation(seed):
+    """Differential: random submissions (str and int keys, weights), admissions,
+    decodes, finishes, cancels, preemptions, set-asides, forgets (and returns under
+    the same key), refreshes at random times (some at the same time, a few back in
+    time): the core's figures equal the reference's, the snapshots as many."""
+    rng = random.Random(seed)
+    window = [1.0, 5.0, 30.0, math.inf][seed % 4]
+    core = vtc.Scheduler(M=400, wp=1.0, wq=2.0)
+    fw, ref = FairnessWindow(window), Reference(window)
+    tenants = [f"t{i}" for i in range(rng.randint(2, 15))] + [100, 101]
+    rid, now, aside = 0, 0.0, []
+    for _ in range(500):
+        op = rng.random()
+        if op < 0.3:
+            rid += 1
+            core.submit(rid, rng.choice(tenants), rng.randint(1, 40))
+        elif op < 0.4:
+            core.schedule()
+        elif op < 0.55:
+            running = core.running()
+            if running:
+                core.decode(running, rng.randint(1, 10))
+        elif op < 0.62:
+            running = core.running()
+            if running:
+                core.finish(rng.choice(running))
+        elif op < 0.66:
+            running = core.running()
+            if running:
+                core.preempt(rng.choice(running))
+        elif op < 0.7 and rid:
+            if core.status(r := rng.randint(1, rid)) is not None:
+                core.cancel(r)
+        elif op < 0.74:
+            r = core.set_aside()
+            if r is not None:
+                aside.append(r)
+        elif op < 0.77 and aside:
+            r = aside.pop()
+            if core.status(r) == "aside":
+                core.put_back(r)
+        elif op < 0.8:
+            core.forget_idle()
+        elif op < 0.82:
+            core.set_weight(rng.choice(tenants), rng.choice([0.5, 1.0, 3.0]))
+        else:
+            now += rng.choice([0.0, 0.1, 0.5, 1.0, 4.0])
+            t = now - 3.0 if rng.random() < 0.02 else now
+            got, want = fw.refresh(core, t), ref.refresh(core, t)
+            assert same(got, want), (got, want)
+            assert fw.snapshots == len(ref.history)
+
+
+def test_the_first_refresh_has_no_jain_and_the_figures_of_a_small_case():
+    core = vtc.Scheduler(M=25, wp=1.0, wq=1.0)
+    for rid, tenant in ((1, "a"), (2, "a"), (3, "b"), (4, "b")):
+        core.submit(rid, tenant, 10)
+    fw = FairnessWindow(10.0)
+    assert fw.refresh(core, 0.0) == (None, 0.0, 2)  # both wait, neither served yet
+    running = core.schedule()
+    assert len(running) == 2  # one each; the second ones wait
+    core.decode([running[0]], 6)  # one gets 6 more tokens than the other
+    jain, spread, n = fw.refresh(core, 1.0)
+    assert n == 2 and spread == 6.0
+    assert jain == pytest.approx(jain_index([16.0, 10.0]))
+    assert fw.snapshots == 2 and fw.window == 10.0
+
+
+@pytest.mark.parametrize("window", [0.0, -1.0, math.nan])
+def test_a_window_must_be_positive(window):
+    with pytest.raises(vtc.InvalidArgumentError, match="window"):
+        FairnessWindow(window)
+
+
+def test_bad_arguments_raise_type_errors():
+    with pytest.raises(TypeError):
+        FairnessWindow("30")  # type: ignore[arg-type]
+    fw = FairnessWindow(30.0)
+    with pytest.raises(TypeError, match="scheduler"):
+        fw.refresh(object(), 0.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="now"):
+        fw.refresh(vtc.Scheduler(M=10), "now")  # type: ignore[arg-type]
+    assert fw.refresh(vtc.Scheduler(M=10), math.nan) == (None, 0.0, 0)
+    assert "FairnessWindow(window=30.0" in repr(fw)
