@@ -78,6 +78,7 @@ class FairnessReference:
     def __init__(self, window: float) -> None:
         self.window = window
         self.history: deque = deque()
+        self.before: dict = {}  # the last refresh's start: {tenant: service}
 
     def refresh(self, core, now: float) -> tuple[float | None, float, int]:
         from vtc.metrics import jain_index
@@ -89,6 +90,7 @@ class FairnessReference:
         while len(history) > 1 and now - history[1][0] >= self.window:
             history.popleft()
         start, before, was_backlogged = history[0] if history else (now, {}, frozenset())
+        self.before = before
         if not history or now - history[-1][0] >= self.window / 32:
             history.append((now, dict(services), frozenset(backlogged)))
         spread = [counters[t] for t in backlogged]
@@ -97,3 +99,7 @@ class FairnessReference:
             both = was_backlogged.intersection(backlogged)
             jain = jain_index([services[t] - before[t] for t in both])
         return jain, max(spread) - min(spread) if len(spread) > 1 else 0.0, len(backlogged)
+
+    def gains(self, core) -> dict:
+        """Every tenant's gain over the last refresh's window, as the labels used it."""
+        return {str(k): v - self.before.get(str(k), 0.0) for k, v in core.services().items()}

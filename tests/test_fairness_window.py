@@ -1,5 +1,5 @@
-"""vtc._core.FairnessWindow: the per-tenant metrics' Jain's index and counter spread
-over a sliding window, computed in the core, against the Python computation
+"""vtc._core.FairnessWindow: the per-tenant metrics' Jain's index, counter spread and
+tenants' gains over a sliding window, computed in the core, against the Python computation
 ``vtc.metrics`` did before (kept here as the reference) over random workloads."""
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ def same(got, want) -> bool:
         if j != pytest.approx(rj, rel=1e-12):
             return False
     return spread == rspread and n == rn
+
+
+def same_gains(fw, ref, core) -> None:
+    """``gains`` and ``above`` agree with the reference's gains (the labels' window)
+    for every tenant and a few bars."""
+    want = ref.gains(core)
+    keys = list(core.services())
+    assert dict(zip(map(str, keys), fw.gains(core, keys))) == want
+    assert math.isnan(fw.gains(core, ["nobody"])[0])
+    for bar in [-math.inf, 0.0, math.inf, math.nan, *list(want.values())[:3]]:
+        above = {str(k): v for k, v in fw.above(core, bar)}
+        assert above == {t: v for t, v in want.items() if v > bar}, bar
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -77,6 +89,7 @@ def test_the_core_window_is_the_python_computation(seed):
             got, want = fw.refresh(core, t), ref.refresh(core, t)
             assert same(got, want), (got, want)
             assert fw.snapshots == len(ref.history)
+            same_gains(fw, ref, core)
 
 
 def test_the_first_refresh_has_no_jain_and_the_figures_of_a_small_case():
@@ -92,6 +105,8 @@ def test_the_first_refresh_has_no_jain_and_the_figures_of_a_small_case():
     assert n == 2 and spread == 6.0
     assert jain == pytest.approx(jain_index([16.0, 10.0]))
     assert fw.snapshots == 2 and fw.window == 10.0
+    assert fw.gains(core, ["a", "b"]) == [16.0, 10.0]  # the start: before any service
+    assert fw.above(core, 12.0) == [("a", 16.0)]
 
 
 @pytest.mark.parametrize("window", [0.0, -1.0, math.nan])
@@ -109,4 +124,12 @@ def test_bad_arguments_raise_type_errors():
     with pytest.raises(TypeError, match="now"):
         fw.refresh(vtc.Scheduler(M=10), "now")  # type: ignore[arg-type]
     assert fw.refresh(vtc.Scheduler(M=10), math.nan) == (None, 0.0, 0)
+    with pytest.raises(TypeError):
+        fw.gains(vtc.Scheduler(M=10), [1.5])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        fw.gains(vtc.Scheduler(M=10), 7)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="bar"):
+        fw.above(vtc.Scheduler(M=10), "high")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="scheduler"):
+        fw.above(object(), 0.0)  # type: ignore[arg-type]
     assert "FairnessWindow(window=30.0" in repr(fw)

@@ -136,8 +136,8 @@ _Cost = LinearCost | QuadraticCost | ContextCost
 @final
 class FairnessWindow:
     """The window figures of the per-tenant metrics (``vtc.metrics``), kept in the
-    core: snapshots of the services of the backlogged clients (waiting or set-aside
-    requests), one every ``window / 32`` seconds at most, the window's start being
+    core: snapshots of every client's service and whether it was backlogged (waiting
+    or set-aside requests), one every ``window / 32`` seconds at most, the window's start being
     the last snapshot at least ``window`` old (else the first). Clients are matched
     across snapshots by key (a client forgotten and back is the same tenant, its
     service started again); clients without a key are left out. One per reader: the
@@ -160,6 +160,16 @@ class FairnessWindow:
         ``spread``: max - min counter of the clients backlogged now (0.0 for fewer
         than two); ``backlogged``: how many. O(clients) in Rust, one call. Not a
         ``Scheduler``: ``TypeError``."""
+    def gains(self, scheduler: Scheduler, tenants: Iterable[_ClientKey]) -> list[float]:
+        """The service each of ``tenants`` gained over the window as of the last
+        ``refresh``: its service now less its service at that refresh's window start
+        (0.0 if it was not in it, or the refresh had no start: its whole service);
+        NaN for a key ``scheduler`` does not have. A tenant forgotten and back may
+        have gained less than 0. Not a key: ``TypeError``."""
+    def above(self, scheduler: Scheduler, bar: float) -> list[tuple[_ClientKey, float]]:
+        """``(key, gain)`` of every client of ``scheduler`` whose ``gains`` is more
+        than ``bar``, in client id order: one pass in Rust (the candidates for the
+        metrics' labels)."""
 
 @final
 class Scheduler:

@@ -7,9 +7,10 @@ since the last one (``Scheduler.changes``, reader slot :data:`CHANGES_READER`: t
 counters, services, token tallies and request counts, and the tenants forgotten),
 into a mirror of every tenant kept here, and before the core forgets tenants (whose
 tallies go with them); the adapter tells it only of admissions and preemptions.
-Jain's index and the counter spread come from the core in one call
-(``vtc._core.FairnessWindow``, which keeps the window's snapshots of the backlogged
-tenants); the core must be a ``vtc.Scheduler``.
+The window is the core's (``vtc._core.FairnessWindow``, which keeps its snapshots of
+every tenant's service): Jain's index and the counter spread in one call, then the
+labelled tenants' gains and the candidates for a label; the core must be a
+``vtc.Scheduler`` keyed by tenant name (the adapter's).
 
 ===================================  =========  ====================================
 series                               type       meaning
@@ -57,10 +58,9 @@ import os
 import time
 import warnings
 import weakref
-from collections import deque
 from collections.abc import Callable
-from itertools import compress, repeat
-from operator import itemgetter, mul, sub
+from itertools import repeat
+from operator import itemgetter, mul
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -171,6 +171,11 @@ def _by_name(d: dict[Any, Any]) -> dict[str, Any]:
     if set(map(type, d)) <= {str}:
         return d
     return {str(k): v for k, v in d.items()}
+
+
+def _named(row: tuple[Any, float]) -> tuple[str, float]:
+    """A ``(key, gain)`` row of ``FairnessWindow.above`` with the key as a name."""
+    return row if type(row[0]) is str else (str(row[0]), row[1])
 
 
 _BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
@@ -314,9 +319,7 @@ class TenantMetrics(Observer):
         self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
         # labelled tenant -> its counter, weight, waiting and running entries of _series
         self._rows: dict[str, tuple[list[Any], ...]] = {}
-        # (time, {tenant: service}), a few per window: the labels' window
-        self._history: deque[tuple[float, dict[str, float]]] = deque()
-        # the same window's snapshots of the backlogged tenants, in the core
+        # the window's snapshots of every tenant's service, in the core
         self._fairness = FairnessWindow(window)
 
     # -- observer points ---------------------------------------------------------------
@@ -353,9 +356,9 @@ class TenantMetrics(Observer):
     # -- refresh ------------------------------------------------------------------------
     # Per-tenant Python work is for the tenants changed since the last refresh (the
     # core lists them: Scheduler.changes), the labelled ones whose values changed,
-    # and the relabelling's candidates; what looks at every tenant is a pass in C
-    # (the labels' window: a dict copy, map, compress) or in Rust (Jain's index and
-    # the counter spread: vtc._core.FairnessWindow, one call), not a Python loop.
+    # and the relabelling's candidates; what looks at every tenant is a pass in Rust
+    # (vtc._core.FairnessWindow: the window's snapshots, Jain's index, the spread,
+    # every tenant's gain against the relabelling's bar), not a Python loop.
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
@@ -364,18 +367,10 @@ class TenantMetrics(Observer):
         dirty = self._dirty
 
         # Jain's index and the spread over the backlogged tenants, from the core's
-        # own snapshots of the window (FairnessWindow: one pass in Rust); the
-        # labels' snapshots below follow the same times, so the same start.
+        # own snapshots of the window (FairnessWindow: one pass in Rust), which
+        # then gives the tenants' gains over the window for the labels.
         jain, spread, _ = self._fairness.refresh(adapter.core, now)
-        history = self._history
-        while len(history) > 1 and now - history[1][0] >= self.window:
-            history.popleft()
-        # the window's start: the last snapshot at least `window` old, else the first
-        before = history[0][1] if history else {}
-        if not history or now - history[-1][0] >= self.window / 32:  # bounded: ~33 kept
-            history.append((now, dict(services)))
-
-        self._relabel(services, before)
+        self._relabel(adapter.core, services)
         labelled = self._labelled
         for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
             unlabelled = pending.keys() - labelled
@@ -478,19 +473,20 @@ class TenantMetrics(Observer):
         self._waiting -= w
         self._running -= r
 
-    def _relabel(self, services: dict[str, float], before: dict[str, float]) -> None:
-        """Give at most ``max_tenants`` of the most served tenants (``services`` now
-        less ``before``, the window's start) their own series, with hysteresis: a
-        free label goes to the most served tenant without one (ties: by name); a
-        tenant without a label takes the label of the least served labelled tenant
-        once it was served more than ``1 + LABEL_MARGIN`` times as much. After a
-        refresh with every label taken, no tenant without a label was served more
-        than ``1 + LABEL_MARGIN`` times as much as any tenant with one.
+    def _relabel(self, core: Any, services: dict[str, float]) -> None:
+        """Give at most ``max_tenants`` of the most served tenants (their service
+        gained over the window: ``FairnessWindow.gains`` and ``above``, as of this
+        refresh) their own series, with hysteresis: a free label goes to the most
+        served tenant without one (ties: by name); a tenant without a label takes
+        the label of the least served labelled tenant once it was served more than
+        ``1 + LABEL_MARGIN`` times as much. After a refresh with every label taken,
+        no tenant without a label was served more than ``1 + LABEL_MARGIN`` times as
+        much as any tenant with one.
 
         Per-tenant Python work only for the labelled tenants and the candidates:
         the tenants above that bar (none, most of the time), every unlabelled one
         while labels are free; every tenant's gain over the window is computed and
-        compared with the bar in C (map, compress)."""
+        compared with the bar in Rust (``FairnessWindow.above``)."""
         limit, labelled = self.max_tenants, self._labelled
         for tenant in [t for t in labelled if t not in services]:  # the core forgot it
             self._remove(tenant)
@@ -499,7 +495,8 @@ class TenantMetrics(Observer):
             labelled.update(services.keys() - labelled)
             return
         # (a tenant forgotten and back within the window: less than at its start)
-        got = {t: max(services[t] - before.get(t, 0.0), 0.0) for t in labelled}
+        fairness, names = self._fairness, list(labelled)
+        got = dict(zip(names, map(max, fairness.gains(core, names), repeat(0.0))))
         while len(got) > limit:  # pragma: no cover - max_tenants lowered: the least served go
             worst = min(got, key=lambda t: (got[t], t))
             del got[worst]
@@ -507,13 +504,8 @@ class TenantMetrics(Observer):
             labelled.discard(worst)
         free = limit - len(got)
         bar = -math.inf if free or not got else min(got.values()) * (1.0 + LABEL_MARGIN)
-        tenants = list(services)
-        gains = list(map(sub, services.values(), map(before.get, tenants, repeat(0.0))))
-        above = list(map(bar.__lt__, gains))
         candidates = sorted(
-            (-v, t)
-            for v, t in zip(compress(gains, above), compress(tenants, above))
-            if t not in labelled
+            (-v, t) for t, v in map(_named, fairness.above(core, bar)) if t not in labelled
         )
         if not candidates:
             return

@@ -1,10 +1,11 @@
-//! The fairness figures of the per-tenant metrics over a sliding window
-//! (`vtc.metrics`: `vtc_fairness_jain_index`, `vtc_counter_spread`), kept
-//! next to the core so that a metrics refresh does not walk every tenant in
-//! Python.
+//! The window figures of the per-tenant metrics (`vtc.metrics`), kept next
+//! to the core so that a metrics refresh does not walk every tenant in
+//! Python: Jain's index (`vtc_fairness_jain_index`), the counter spread
+//! (`vtc_counter_spread`) and each tenant's service over the window (which
+//! tenants get their own label).
 //!
-//! A [`FairnessWindow`] keeps snapshots of the services of the clients
-//! backlogged (waiting or set-aside requests) at the time of each, one every
+//! A [`FairnessWindow`] keeps snapshots of every keyed client's service, and
+//! whether it was backlogged (waiting or set-aside requests), one every
 //! `window / 32` seconds at most, and drops those no longer needed: the
 //! window's start is the last snapshot at least `window` old, else the first.
 //! [`FairnessWindow::refresh`] returns, in one pass over the clients:
@@ -16,19 +17,25 @@
 //! * the counter spread: max - min counter of the clients backlogged now (0
 //!   with fewer than two).
 //!
+//! After it, [`gains`](FairnessWindow::gains) and
+//! [`above`](FairnessWindow::above) give clients' services gained since that
+//! refresh's start (0 before for a client not in it; the whole service when
+//! the refresh had no start).
+//!
 //! Clients are matched across snapshots by key, as the metrics name tenants:
 //! a client forgotten and back under its key is the same tenant (its service
 //! then starts again), a forgotten client's id taken by another key is not.
 //! Clients without a key (`add_client`) are not tenants and are left out.
-//! The window holds the keys of the clients in its snapshots (interned once
-//! each) and forgets the others when they outnumber those.
+//! The window interns the keys it has seen (once each) and forgets those no
+//! snapshot holds when they have doubled since the last pruning.
 //!
 //! Every value is computed as `vtc.metrics` computed it in Python before
 //! (issue 16 item 6), up to the order of the floating-point sums.
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::keys::ClientKey;
+use crate::client::ClientId;
+use crate::keys::{ClientKey, KeyRef};
 use crate::scheduler::Scheduler;
 
 /// No local index (`FairnessWindow::by_id`).
@@ -37,12 +44,19 @@ const NONE: u32 = u32::MAX;
 /// Snapshots per window: one is taken when the last is `window / SLICES` old.
 pub const SLICES: f64 = 32.0;
 
-/// One snapshot: its time and the services of the clients backlogged then,
-/// by local index.
+/// A client in a snapshot: its local index, service, and whether it was
+/// backlogged.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    local: u32,
+    service: f64,
+    backlogged: bool,
+}
+
 #[derive(Debug, Clone)]
 struct Snapshot {
     time: f64,
-    services: Vec<(u32, f64)>,
+    entries: Vec<Entry>,
 }
 
 /// What one [`FairnessWindow::refresh`] returns.
@@ -57,22 +71,32 @@ pub struct Figures {
     pub backlogged: usize,
 }
 
+/// By local index: the last refresh that saw the client (backlogged or
+/// not) and its service then, and its service at that refresh's start.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    stamp: u64,
+    service: f64,
+    backlogged: bool,
+    start_stamp: u64,
+    before: f64,
+}
+
 /// The snapshots of one metrics reader (see the module doc).
 #[derive(Debug, Clone)]
 pub struct FairnessWindow {
     window: f64,
     history: VecDeque<Snapshot>,
-    /// Local index -> key, for the clients in snapshots (and those seen
-    /// backlogged since the last pruning).
+    /// Local index -> key, and back.
     keys: Vec<ClientKey>,
     index: HashMap<ClientKey, u32>,
     /// By client id: the local index last seen for it (checked by key: ids
     /// are reused, other schedulers may be read).
     by_id: Vec<u32>,
-    /// By local index: the refresh at which the client was last seen
-    /// backlogged, and its service then.
-    seen: Vec<(u64, f64)>,
+    seen: Vec<Seen>,
     refreshes: u64,
+    /// Prune the keys once there are this many.
+    prune_at: usize,
 }
 
 impl FairnessWindow {
@@ -87,6 +111,7 @@ impl FairnessWindow {
             by_id: Vec::new(),
             seen: Vec::new(),
             refreshes: 0,
+            prune_at: 1024,
         })
     }
 
@@ -107,18 +132,25 @@ impl FairnessWindow {
         self.refreshes += 1;
         let stamp = self.refreshes;
         let (mut low, mut high, mut backlogged) = (f64::INFINITY, f64::NEG_INFINITY, 0usize);
-        let mut current: Vec<(u32, f64)> = Vec::new();
+        let mut current: Vec<Entry> = Vec::new();
         for (c, key) in core.keyed_clients() {
             let Ok(cl) = core.client(c) else { continue };
-            if cl.num_waiting() + cl.num_aside() == 0 {
-                continue;
+            let waiting = cl.num_waiting() + cl.num_aside() > 0;
+            if waiting {
+                backlogged += 1;
+                low = low.min(cl.counter());
+                high = high.max(cl.counter());
             }
-            backlogged += 1;
-            low = low.min(cl.counter());
-            high = high.max(cl.counter());
             let l = self.local(c.0, key);
-            self.seen[l as usize] = (stamp, cl.service());
-            current.push((l, cl.service()));
+            let seen = &mut self.seen[l as usize];
+            seen.stamp = stamp;
+            seen.service = cl.service();
+            seen.backlogged = waiting;
+            current.push(Entry {
+                local: l,
+                service: cl.service(),
+                backlogged: waiting,
+            });
         }
         let spread = if backlogged > 1 { high - low } else { 0.0 };
 
@@ -126,16 +158,22 @@ impl FairnessWindow {
         while history.len() > 1 && now - history[1].time >= self.window {
             history.pop_front();
         }
-        let jain = match history.front() {
-            Some(start) if now > start.time => Some(jain_index(
-                start
-                    .services
-                    .iter()
-                    .filter(|&&(l, _)| self.seen[l as usize].0 == stamp)
-                    .map(|&(l, before)| self.seen[l as usize].1 - before),
-            )),
-            _ => None,
-        };
+        let mut jain = None;
+        if let Some(start) = history.front() {
+            for e in &start.entries {
+                let seen = &mut self.seen[e.local as usize];
+                seen.start_stamp = stamp;
+                seen.before = e.service;
+            }
+            if now > start.time {
+                let seen = &self.seen;
+                jain = Some(jain_index(start.entries.iter().filter_map(|e| {
+                    let s = &seen[e.local as usize];
+                    (e.backlogged && s.stamp == stamp && s.backlogged)
+                        .then_some(s.service - e.service)
+                })));
+            }
+        }
         let due = match history.back() {
             None => true,
             Some(last) => now - last.time >= self.window / SLICES,
@@ -143,14 +181,65 @@ impl FairnessWindow {
         if due {
             history.push_back(Snapshot {
                 time: now,
-                services: current,
+                entries: current,
             });
         }
-        self.prune();
+        if self.keys.len() >= self.prune_at {
+            self.prune();
+        }
         Figures {
             jain,
             spread,
             backlogged,
+        }
+    }
+
+    /// The service client `c` (key `key`) gained since the last refresh's
+    /// window start: its service less its service then (0 if it was not
+    /// in the start, or the refresh had none).
+    fn gain(&self, c: ClientId, key: &ClientKey, service: f64) -> f64 {
+        let before = match self.find(c.0, key) {
+            Some(l) if self.seen[l as usize].start_stamp == self.refreshes => {
+                self.seen[l as usize].before
+            }
+            _ => 0.0,
+        };
+        service - before
+    }
+
+    /// The service each of `keys` gained over the last refresh's window
+    /// (see [`gain`](Self::gain)); NaN for a key `core` does not have.
+    pub fn gains(&self, core: &Scheduler, keys: &[KeyRef<'_>]) -> Vec<f64> {
+        keys.iter()
+            .map(|k| {
+                let Some(c) = core.client_of(k) else {
+                    return f64::NAN;
+                };
+                match (core.key(c), core.client(c)) {
+                    (Some(key), Ok(cl)) => self.gain(c, key, cl.service()),
+                    _ => f64::NAN,
+                }
+            })
+            .collect()
+    }
+
+    /// Every keyed client of `core` that gained more than `bar` over the
+    /// last refresh's window, with its gain, in client id order.
+    pub fn above<'c>(&self, core: &'c Scheduler, bar: f64) -> Vec<(&'c ClientKey, f64)> {
+        core.keyed_clients()
+            .filter_map(|(c, key)| {
+                let cl = core.client(c).ok()?;
+                let g = self.gain(c, key, cl.service());
+                (g > bar).then_some((key, g))
+            })
+            .collect()
+    }
+
+    /// The local index of client `c` with key `key`, if interned.
+    fn find(&self, c: u32, key: &ClientKey) -> Option<u32> {
+        match self.by_id.get(c as usize) {
+            Some(&l) if l != NONE && self.keys[l as usize] == *key => Some(l),
+            _ => self.index.get(key).copied(),
         }
     }
 
@@ -170,7 +259,7 @@ impl FairnessWindow {
                 let l = self.keys.len() as u32;
                 self.keys.push(key.clone());
                 self.index.insert(key.clone(), l);
-                self.seen.push((0, 0.0));
+                self.seen.push(Seen::default());
                 l
             }
         };
@@ -178,28 +267,22 @@ impl FairnessWindow {
         l
     }
 
-    /// Forget the keys no snapshot holds once they are more than those held
-    /// (and a few): renumber the rest. Amortized O(1) per key interned.
+    /// Forget the keys no snapshot holds and renumber the rest; the next
+    /// pruning once the keys have doubled. Amortized O(1) per key interned
+    /// and snapshot entry.
     fn prune(&mut self) {
-        let held: usize = self.history.iter().map(|s| s.services.len()).sum();
-        if self.keys.len() <= 2 * held + 64 {
-            return;
-        }
         let mut renumber = vec![NONE; self.keys.len()];
         let mut keys = Vec::new();
         let mut seen = Vec::new();
         for snapshot in &mut self.history {
-            for entry in &mut snapshot.services {
-                let old = entry.0 as usize;
+            for entry in &mut snapshot.entries {
+                let old = entry.local as usize;
                 if renumber[old] == NONE {
                     renumber[old] = keys.len() as u32;
-                    keys.push(std::mem::replace(
-                        &mut self.keys[old],
-                        ClientKey::Int(0),
-                    ));
+                    keys.push(std::mem::replace(&mut self.keys[old], ClientKey::Int(0)));
                     seen.push(self.seen[old]);
                 }
-                entry.0 = renumber[old];
+                entry.local = renumber[old];
             }
         }
         self.index = keys
@@ -210,8 +293,13 @@ impl FairnessWindow {
         self.keys = keys;
         self.seen = seen;
         for l in &mut self.by_id {
-            *l = if *l == NONE { NONE } else { renumber[*l as usize] };
+            *l = if *l == NONE {
+                NONE
+            } else {
+                renumber[*l as usize]
+            };
         }
+        self.prune_at = (2 * self.keys.len()).max(1024);
     }
 
     /// Check the window's own consistency (tests, fuzzing).
@@ -229,7 +317,7 @@ impl FairnessWindow {
             || self
                 .history
                 .iter()
-                .any(|s| s.services.iter().any(|&(l, _)| l >= n))
+                .any(|s| s.entries.iter().any(|e| e.local >= n))
         {
             return Err("fairness window: a local index out of range".into());
         }

@@ -1,5 +1,5 @@
-//! `vtc_core::fairness::FairnessWindow`: Jain's index and the counter spread
-//! over a sliding window, against a direct computation by key (as
+//! `vtc_core::fairness::FairnessWindow`: Jain's index, the counter spread and
+//! the clients' gains over a sliding window, against a direct computation by key (as
 //! `vtc.metrics` computed them in Python) over random workloads.
 
 mod common;
@@ -11,20 +11,35 @@ use common::Lcg;
 use vtc_core::fairness::{jain_index, FairnessWindow, Figures};
 use vtc_core::{ClientKey, KeyRef, Policy, Scheduler, Tokens};
 
-/// The window as `vtc.metrics` kept it: every snapshot a map by key.
+/// A reference snapshot: every client's service and whether it was backlogged.
+type Services = HashMap<ClientKey, (f64, bool)>;
+
+/// The window as `vtc.metrics` kept it: every snapshot a map by key of
+/// every client's service and whether it was backlogged.
 struct Reference {
     window: f64,
-    history: VecDeque<(f64, HashMap<ClientKey, f64>)>,
+    history: VecDeque<(f64, Services)>,
+    /// The last refresh's start (empty without one).
+    before: HashMap<ClientKey, f64>,
 }
 
 impl Reference {
+    fn new(window: f64) -> Self {
+        Reference {
+            window,
+            history: VecDeque::new(),
+            before: HashMap::new(),
+        }
+    }
+
     fn refresh(&mut self, core: &Scheduler, now: f64) -> Figures {
         let mut services = HashMap::new();
         let mut counters = Vec::new();
         for (c, key) in core.keyed_clients() {
             let cl = core.client(c).unwrap();
-            if cl.num_waiting() + cl.num_aside() > 0 {
-                services.insert(key.clone(), cl.service());
+            let waiting = cl.num_waiting() + cl.num_aside() > 0;
+            services.insert(key.clone(), (cl.service(), waiting));
+            if waiting {
                 counters.push(cl.counter());
             }
         }
@@ -32,12 +47,17 @@ impl Reference {
         while h.len() > 1 && now - h[1].0 >= self.window {
             h.pop_front();
         }
+        self.before = h
+            .front()
+            .map(|(_, m)| m.iter().map(|(k, (s, _))| (k.clone(), *s)).collect())
+            .unwrap_or_default();
         let jain = match h.front() {
-            Some((start, before)) if now > *start => Some(jain_index(
-                before
-                    .iter()
-                    .filter_map(|(k, b)| services.get(k).map(|s| s - b)),
-            )),
+            Some((start, before)) if now > *start => Some(jain_index(before.iter().filter_map(
+                |(k, (b, was))| match services.get(k) {
+                    Some((s, true)) if *was => Some(s - b),
+                    _ => None,
+                },
+            ))),
             _ => None,
         };
         if h.back().is_none_or(|(t, _)| now - t >= self.window / 32.0) {
@@ -54,6 +74,47 @@ impl Reference {
             spread,
             backlogged: counters.len(),
         }
+    }
+
+    /// Every keyed client's gain over the last refresh's window.
+    fn gains(&self, core: &Scheduler) -> Vec<(ClientKey, f64)> {
+        core.keyed_clients()
+            .map(|(c, k)| {
+                let s = core.client(c).unwrap().service();
+                (k.clone(), s - self.before.get(k).copied().unwrap_or(0.0))
+            })
+            .collect()
+    }
+}
+
+/// `gains` and `above` of the window agree with the reference's for every
+/// client and a few bars.
+fn same_gains(fw: &FairnessWindow, reference: &Reference, core: &Scheduler) {
+    let want = reference.gains(core);
+    let keys: Vec<KeyRef<'_>> = want
+        .iter()
+        .map(|(k, _)| match k {
+            ClientKey::Int(i) => KeyRef::Int(*i),
+            ClientKey::Str(b) => KeyRef::Str(Cow::Borrowed(b)),
+        })
+        .collect();
+    let got = fw.gains(core, &keys);
+    for ((k, w), g) in want.iter().zip(&got) {
+        assert_eq!(w, g, "gain of {k:?}");
+    }
+    let missing = KeyRef::Str(Cow::Borrowed(b"nobody"));
+    assert!(fw.gains(core, &[missing])[0].is_nan());
+    let mut bars = vec![f64::NEG_INFINITY, 0.0, f64::INFINITY, f64::NAN];
+    bars.extend(want.iter().map(|(_, g)| *g).take(3));
+    for bar in bars {
+        let above: Vec<(ClientKey, f64)> = fw
+            .above(core, bar)
+            .into_iter()
+            .map(|(k, g)| (k.clone(), g))
+            .collect();
+        let expected: Vec<(ClientKey, f64)> =
+            want.iter().filter(|(_, g)| *g > bar).cloned().collect();
+        assert_eq!(above, expected, "above {bar}");
     }
 }
 
@@ -83,10 +144,7 @@ fn matches_a_direct_computation_by_key_over_random_workloads() {
         let mut s = Scheduler::new(2_000, 1.0, 2.0, Policy::Vtc).unwrap();
         let window = [1.0, 5.0, 30.0, f64::INFINITY][(seed % 4) as usize];
         let mut fw = FairnessWindow::new(window).unwrap();
-        let mut reference = Reference {
-            window,
-            history: VecDeque::new(),
-        };
+        let mut reference = Reference::new(window);
         let tenants = 2 + rng.below(12);
         let (mut rid, mut now) = (0u64, 0.0f64);
         let mut out = Vec::new();
@@ -128,6 +186,7 @@ fn matches_a_direct_computation_by_key_over_random_workloads() {
                     let got = fw.refresh(&s, t);
                     let want = reference.refresh(&s, t);
                     assert!(same(got, want), "seed {seed}: {got:?} vs {want:?}");
+                    same_gains(&fw, &reference, &s);
                     fw.check().unwrap();
                     assert_eq!(fw.snapshots(), reference.history.len());
                 }
@@ -141,10 +200,7 @@ fn a_client_forgotten_and_back_is_the_same_tenant_and_a_reused_id_is_not() {
     // a budget for one running request each: the second ones wait
     let mut s = Scheduler::new(25, 1.0, 1.0, Policy::Vtc).unwrap();
     let mut fw = FairnessWindow::new(10.0).unwrap();
-    let mut reference = Reference {
-        window: 10.0,
-        history: VecDeque::new(),
-    };
+    let mut reference = Reference::new(10.0);
     let (a, b, c) = (key(0), key(1), key(2));
     for (rid, k) in [(1, &a), (2, &a), (3, &b), (4, &b)] {
         s.submit_keyed(rid, k, 10, 0, None, 0).unwrap();
@@ -171,6 +227,7 @@ fn a_client_forgotten_and_back_is_the_same_tenant_and_a_reused_id_is_not() {
     assert!(gone.contains(&s.intern(&c)));
     let got = fw.refresh(&s, 1.0);
     assert!(same(got, reference.refresh(&s, 1.0)), "{got:?}");
+    same_gains(&fw, &reference, &s);
     // a forgotten one gained -12 (its service started again), one kept 0; c is
     // not in the start
     assert_eq!(got.jain, Some(if gone.len() == 2 { 1.0 } else { 0.5 }));
@@ -193,7 +250,14 @@ fn a_window_must_be_positive_and_any_time_is_taken() {
     assert!(FairnessWindow::new(f64::NAN).is_none());
     let s = Scheduler::new(100, 1.0, 1.0, Policy::Vtc).unwrap();
     let mut fw = FairnessWindow::new(1.0).unwrap();
-    for t in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -5.0, f64::NAN] {
+    for t in [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -5.0,
+        f64::NAN,
+    ] {
         let f = fw.refresh(&s, t);
         assert_eq!((f.spread, f.backlogged), (0.0, 0));
         fw.check().unwrap();

@@ -1,18 +1,25 @@
 //! `FairnessWindow`: the per-tenant metrics' window figures (Jain's index of
-//! the backlogged tenants' gains, the counter spread), computed in the core
-//! (`vtc_core::fairness`) in one call per refresh.
+//! the backlogged tenants' gains, the counter spread, each tenant's gain over
+//! the window), computed in the core (`vtc_core::fairness`).
 
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 use vtc_core::fairness::FairnessWindow;
 
 use crate::convert::{float_arg, type_error};
 use crate::errors::{invalid, Result};
+use crate::keys::{client_key, key_to_py};
 use crate::PyScheduler;
 
 /// The window snapshots of one metrics reader. See `vtc/_core.pyi`.
 #[pyclass(module = "vtc", name = "FairnessWindow")]
 pub(crate) struct PyFairnessWindow {
     inner: FairnessWindow,
+}
+
+fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
+    obj.cast::<PyScheduler>()
+        .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
 }
 
 #[pymethods]
@@ -44,13 +51,52 @@ impl PyFairnessWindow {
         scheduler: &Bound<'_, PyAny>,
         now: &Bound<'_, PyAny>,
     ) -> Result<(Option<f64>, f64, usize)> {
-        let scheduler = scheduler
-            .cast::<PyScheduler>()
-            .map_err(|_| type_error("scheduler", "a vtc.Scheduler", scheduler))?;
+        let scheduler = scheduler_arg(scheduler)?;
         let now = float_arg("now", now)?;
         let g = scheduler.get().lock(py)?;
         let f = self.inner.refresh(&g.core, now);
         Ok((f.jain, f.spread, f.backlogged))
+    }
+
+    /// The service each of `tenants` (an iterable of keys) gained over the
+    /// last refresh's window; NaN for a key the scheduler does not have.
+    fn gains(
+        &self,
+        py: Python<'_>,
+        scheduler: &Bound<'_, PyAny>,
+        tenants: &Bound<'_, PyAny>,
+    ) -> Result<Vec<f64>> {
+        let scheduler = scheduler_arg(scheduler)?;
+        let items: Vec<Bound<'_, PyAny>> = tenants.try_iter()?.collect::<PyResult<_>>()?;
+        let keys = items
+            .iter()
+            .map(|k| client_key(k.as_borrowed()))
+            .collect::<Result<Vec<_>>>()?;
+        let g = scheduler.get().lock(py)?;
+        Ok(self.inner.gains(&g.core, &keys))
+    }
+
+    /// `[(key, gain)]` of every client that gained more than `bar` over the
+    /// last refresh's window.
+    fn above<'py>(
+        &self,
+        py: Python<'py>,
+        scheduler: &Bound<'py, PyAny>,
+        bar: &Bound<'py, PyAny>,
+    ) -> Result<Bound<'py, PyList>> {
+        let scheduler = scheduler_arg(scheduler)?;
+        let bar = float_arg("bar", bar)?;
+        let rows: Vec<(vtc_core::ClientKey, f64)> = {
+            let g = scheduler.get().lock(py)?;
+            (self.inner.above(&g.core, bar).into_iter())
+                .map(|(k, v)| (k.clone(), v))
+                .collect()
+        };
+        let list = PyList::empty(py);
+        for (k, v) in &rows {
+            list.append((key_to_py(py, k)?, *v))?;
+        }
+        Ok(list)
     }
 
     fn __repr__(&self) -> String {
