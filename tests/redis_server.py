@@ -18,7 +18,11 @@ import pytest
 
 import redis  # (redis-py is a test dependency: fail loudly if absent)
 
-START_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 60.0  # a deadline for redis-server to answer PING after it starts
+# A deadline for the process to be gone after SIGTERM or SIGKILL. Generous: on a loaded
+# 2-core VM a killed process has been seen still there 10 s after SIGKILL (its exit
+# waits for the kernel, e.g. for pages reclaimed meanwhile).
+EXIT_TIMEOUT_S = 60.0
 
 
 def free_port() -> int:
@@ -73,10 +77,18 @@ class RedisServer:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=EXIT_TIMEOUT_S)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, no shutdown of any kind (a crash); returns once the process is gone."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait(timeout=EXIT_TIMEOUT_S)
         self.proc = None
 
     def restart(self) -> None:

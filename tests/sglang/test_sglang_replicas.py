@@ -205,9 +205,7 @@ def test_both_servers_serve_through_a_redis_outage_and_reconcile(servers, redis)
         lambda ms: all_backlogged(ms) and degraded(ms) == [0, 0],
         every=0.2,
     )
-    redis.proc.kill()  # no shutdown of any kind
-    redis.proc.wait(timeout=10)
-    redis.proc = None
+    redis.kill()  # SIGKILL: no shutdown of any kind
     down = s0.poll(
         "both servers degraded",
         lambda: scrape_all(servers),

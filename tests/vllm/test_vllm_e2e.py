@@ -98,7 +98,7 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait(timeout=10.0)
+    proc.wait(timeout=60.0)  # a deadline: a killed engine can take seconds to be gone here
 
 
 @contextmanager
