@@ -318,12 +318,19 @@ class Requests:
             self._count, self._count_at = self.core.num_waiting, self.changes
         return self._count
 
-    def _charging(self) -> None:
-        """A change that moves counters, never a request: the count stays known."""
+    def _change(self) -> bool:
+        """Count one change of the core (before making it): :meth:`head` and
+        :meth:`num_waiting` ask the core again. Returns whether the waiting count
+        was known just before, so that a change whose effect on it is known can
+        keep it (:meth:`_moved`)."""
         known = self._count_at == self.changes
         self.changes += 1
-        if known:
-            self._count_at = self.changes
+        return known
+
+    def _moved(self, waiting: int) -> None:
+        """The change just counted moved the core's waiting count by ``waiting``
+        (call only when :meth:`_change` said it was known): it stays known."""
+        self._count, self._count_at = self._count + waiting, self.changes
 
     def selecting(self, on: bool) -> None:
         """A scheduling pass starts (True) or ends (False): within it the order of
@@ -391,13 +398,12 @@ class Requests:
             rid = (rid + 1) % (1 << 64)
         n = min(max(int(prompt_len), 1), self._M)
         priority = min(max(int(priority), -(2**63)), 2**63 - 1)  # the core's 64-bit bands
-        known = self._count_at == self.changes
-        self.changes += 1
+        known = self._change()
         if self.observers.wants("arriving"):
             self.observers.notify("arriving", tenant)
         self.core.submit(rid, tenant, n, priority=priority)
-        if known:  # one more waiting: the count stays known
-            self._count, self._count_at = self._count + 1, self.changes
+        if known:
+            self._moved(+1)
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
@@ -410,13 +416,12 @@ class Requests:
         ``cached_len`` prefix-cache tokens; a preempted request's prompt never
         again), then the tokens it owes."""
         cached = min(max(int(cached_len), 0), t.prompt_len)
-        known = self._count_at == self.changes
-        self.changes += 1
+        known = self._change()
         rid = self.core.pop(cached_len=cached)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
-        if known:  # one fewer waiting
-            self._count, self._count_at = self._count - 1, self.changes
+        if known:
+            self._moved(-1)
         t.admissions += 1
         owed, t.owed = t.owed, 0
         if owed:
@@ -429,7 +434,7 @@ class Requests:
 
     def set_aside(self, t: Tracked) -> None:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
-        self.changes += 1
+        self._change()  # (the count is read again)
         rid = self.core.set_aside()
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
@@ -442,7 +447,7 @@ class Requests:
         a waiting request stays as it is. ``state``: its :meth:`status`, if known."""
         if state is None:
             state = self.core.status(t.rid)
-        self.changes += 1
+        self._change()  # (the count is read again)
         if state == ASIDE:
             self.core.put_back(t.rid)
             del self._aside[t.key]
@@ -495,8 +500,7 @@ class Requests:
         t = self._by_key.pop(key, None)
         if t is None:
             return None
-        known = self._count_at == self.changes
-        self.changes += 1
+        known = self._change()
         del self._by_rid[t.rid]
         if self.overrides:
             self.overrides.pop(key, None)
@@ -508,8 +512,8 @@ class Requests:
             self.core.finish(t.rid)
         elif state is not None:
             self.core.cancel(t.rid)
-        if known and (state == RUNNING or state == WAITING):  # the count stays known
-            self._count, self._count_at = self._count - (state == WAITING), self.changes
+        if known and (state == RUNNING or state == WAITING):
+            self._moved(-(state == WAITING))
         if self.observers:
             self.observers.notify("released", t, done)
         return t
@@ -530,7 +534,8 @@ class Requests:
                 per_rid[t.rid] = per_rid.get(t.rid, 0) + n
         if not per_rid:
             return []
-        self._charging()
+        if self._change():  # counters move, no request: the count stays known
+            self._moved(0)
         try:
             _decode(self.core, per_rid)
             idle = []
@@ -594,7 +599,8 @@ class Requests:
             return
         ids = operator.attrgetter(id_attr)
         counts = operator.attrgetter(tokens_attr)
-        self._charging()
+        if self._change():  # counters move, no request: the count stays known
+            self._moved(0)
         try:
             self.core.decode_outputs(
                 outputs, self.overrides, missing="hash", id_attr=id_attr, tokens_attr=tokens_attr
