@@ -40,7 +40,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from vllm_harness import stop_server
 
 HERE = Path(__file__).resolve().parent
 MAX_NUM_SEQS = 4
@@ -83,22 +83,6 @@ def _free_port() -> int:
 def _get(url: str, timeout: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback)
         return response.read()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the API server (it shuts its engine down), then SIGKILL whatever is
-    left of its process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30.0)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60.0)  # a deadline: a killed engine can take seconds to be gone here
 
 
 @contextmanager
@@ -171,7 +155,7 @@ def vllm_server(
                 time.sleep(1.0)
         yield url
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:

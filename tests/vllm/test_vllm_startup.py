@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm_harness import stop_server
 
 HERE = Path(__file__).resolve().parent
 ENTRY_POINT = "vtc.vllm_plugin:validate"  # [project.entry-points."vllm.general_plugins"] vtc
@@ -75,21 +75,6 @@ def _serve(model: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server, then SIGKILL whatever is left of its process group."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30.0)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60.0)  # a deadline: a killed engine can take seconds to be gone here
-
-
 @pytest.mark.timeout(2 * STARTUP_TIMEOUT + 120)
 def test_a_malformed_variable_stops_vllm_serve_before_the_model_loads(
     tiny_llama: Path, tmp_path: Path
@@ -100,7 +85,7 @@ def test_a_malformed_variable_stops_vllm_serve_before_the_model_loads(
     try:
         returncode = proc.wait(timeout=STARTUP_TIMEOUT)
     finally:
-        _stop(proc)
+        stop_server(proc)
     bad = bad_log.read_text(errors="replace")
     assert returncode != 0, bad
     assert "ConfigError: VTC_WP='abc' is not a number; expected a number in [0, 1e+09]" in bad
@@ -116,5 +101,5 @@ def test_a_malformed_variable_stops_vllm_serve_before_the_model_loads(
             assert time.monotonic() < deadline, "vllm serve did not start loading in time"
             time.sleep(0.5)  # polling the log for a condition
     finally:
-        _stop(proc)
+        stop_server(proc)
     assert "ConfigError" not in good_log.read_text(errors="replace")

@@ -5,6 +5,9 @@ folder holding a ``config.json``, a ``KVCacheConfig`` with one full-attention
 group and ``num_blocks`` blocks), written anew here: vLLM's test package is not
 installed with it. The model runner is replaced by :func:`step`, which says
 which tokens each scheduled request produced.
+
+Also :func:`stop_server`, the teardown of a real ``vllm serve`` that the server
+tests (``test_vllm_e2e.py``, ``test_vllm_startup.py``) start.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import signal
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -219,3 +224,19 @@ def run_until_idle(
         output, _ = step(scheduler, tokens_per_step)
         order += admitted(output)
     raise AssertionError(f"scheduler still busy after {max_steps} steps")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM a ``vllm serve`` started in its own process group (the API server
+    shuts its engine down), then SIGKILL whatever is left of that group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30.0)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60.0)  # a deadline: a killed engine can take seconds to be gone here
