@@ -95,6 +95,10 @@ pub struct FairnessWindow {
     by_id: Vec<u32>,
     seen: Vec<Seen>,
     refreshes: u64,
+    /// The entries of the next snapshot: empty between refreshes, its
+    /// capacity kept (the entries of the snapshots dropped come back here),
+    /// so that a refresh allocates nothing once warmed up.
+    spare: Vec<Entry>,
     /// Prune the keys once there are this many.
     prune_at: usize,
 }
@@ -111,6 +115,7 @@ impl FairnessWindow {
             by_id: Vec::new(),
             seen: Vec::new(),
             refreshes: 0,
+            spare: Vec::new(),
             prune_at: 1024,
         })
     }
@@ -132,7 +137,22 @@ impl FairnessWindow {
         self.refreshes += 1;
         let stamp = self.refreshes;
         let (mut low, mut high, mut backlogged) = (f64::INFINITY, f64::NEG_INFINITY, 0usize);
-        let mut current: Vec<Entry> = Vec::new();
+        // The snapshots the window no longer needs go first (their entries'
+        // buffer is kept for the next one); dropping them changes neither the
+        // last snapshot (so whether one is due) nor the clients read below.
+        while self.history.len() > 1 && now - self.history[1].time >= self.window {
+            if let Some(old) = self.history.pop_front() {
+                if old.entries.capacity() > self.spare.capacity() {
+                    self.spare = old.entries;
+                }
+            }
+        }
+        let due = match self.history.back() {
+            None => true,
+            Some(last) => now - last.time >= self.window / SLICES,
+        };
+        let mut current = std::mem::take(&mut self.spare);
+        current.clear();
         for (c, key) in core.keyed_clients() {
             let Ok(cl) = core.client(c) else { continue };
             let waiting = cl.num_waiting() + cl.num_aside() > 0;
@@ -146,20 +166,18 @@ impl FairnessWindow {
             seen.stamp = stamp;
             seen.service = cl.service();
             seen.backlogged = waiting;
-            current.push(Entry {
-                local: l,
-                service: cl.service(),
-                backlogged: waiting,
-            });
+            if due {
+                current.push(Entry {
+                    local: l,
+                    service: cl.service(),
+                    backlogged: waiting,
+                });
+            }
         }
         let spread = if backlogged > 1 { high - low } else { 0.0 };
 
-        let history = &mut self.history;
-        while history.len() > 1 && now - history[1].time >= self.window {
-            history.pop_front();
-        }
         let mut jain = None;
-        if let Some(start) = history.front() {
+        if let Some(start) = self.history.front() {
             for e in &start.entries {
                 let seen = &mut self.seen[e.local as usize];
                 seen.start_stamp = stamp;
@@ -174,15 +192,13 @@ impl FairnessWindow {
                 })));
             }
         }
-        let due = match history.back() {
-            None => true,
-            Some(last) => now - last.time >= self.window / SLICES,
-        };
         if due {
-            history.push_back(Snapshot {
+            self.history.push_back(Snapshot {
                 time: now,
                 entries: current,
             });
+        } else {
+            self.spare = current;
         }
         if self.keys.len() >= self.prune_at {
             self.prune();

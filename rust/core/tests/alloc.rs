@@ -5,7 +5,8 @@
 //! for every cost function
 //! and in the bulk re-key path (a decode that touches most backlogged clients)
 //! as well as the per-client one. Reading `active_clients` allocates nothing
-//! either, nor does a selection through the locality window.
+//! either, nor does a selection through the locality window, nor a metrics
+//! refresh of the fairness window (`FairnessWindow::refresh`).
 //!
 //! The counter is per thread (tests run in parallel threads of this binary),
 //! kept in a `const`-initialised thread local so that reading it never
@@ -17,7 +18,8 @@ use std::cell::Cell;
 mod common;
 
 use common::every_cost;
-use vtc_core::{ClientId, Cost, Policy, Scheduler, Tokens};
+use vtc_core::fairness::FairnessWindow;
+use vtc_core::{ClientId, Cost, KeyRef, Policy, Scheduler, Tokens};
 
 struct Counting;
 
@@ -216,6 +218,50 @@ fn decode_and_change_reads_allocate_nothing_with_readers_active() {
         }
         s.check_invariants().unwrap();
     }
+}
+
+#[test]
+fn fairness_window_refresh_allocates_nothing_once_warmed_up() {
+    // Keyed clients (int and str keys), some backlogged, served between
+    // refreshes; four refreshes per snapshot: the refreshes between two
+    // snapshots and those that take one (and drop the oldest, whose buffer
+    // the next snapshot reuses) allocate nothing once the window is full.
+    let mut s = Scheduler::new(4_000, 1.0, 1.0, Policy::Vtc).unwrap();
+    let mut rid = 0u64;
+    for i in 0..300i64 {
+        for _ in 0..3 {
+            rid += 1;
+            if i % 2 == 0 {
+                s.submit_keyed(rid, &KeyRef::Int(i), 64, 0, None, 0).unwrap();
+            } else {
+                let k = KeyRef::Str(format!("tenant-{i}").into_bytes().into());
+                s.submit_keyed(rid, &k, 64, 0, None, 0).unwrap();
+            }
+        }
+    }
+    let mut running = Vec::new();
+    s.schedule(&mut running);
+    assert!(!running.is_empty() && s.num_waiting() > 0);
+    let mut fw = FairnessWindow::new(8.0).unwrap();
+    let mut now = 0.0;
+    // Warm-up: the window fills (32 snapshots and the start), buffers grow.
+    for _ in 0..(4 * 40) {
+        s.decode(&running, Tokens::Each(1)).unwrap();
+        fw.refresh(&s, now);
+        now += 0.0625; // window / 32 / 4, exact in binary
+    }
+    let full = fw.snapshots();
+    for step in 0..(4 * 40) {
+        s.decode(&running, Tokens::Each(1)).unwrap();
+        let mut figures = None;
+        let n = allocations_in(|| figures = Some(fw.refresh(&s, now)));
+        assert_eq!(n, 0, "{n} allocations at refresh {step}");
+        let f = figures.unwrap();
+        assert!(f.jain.is_some_and(|j| j > 0.0) && f.backlogged > 0);
+        assert_eq!(fw.snapshots(), full);
+        now += 0.0625;
+    }
+    fw.check().unwrap();
 }
 
 #[test]
