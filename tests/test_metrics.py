@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -585,3 +586,153 @@ def test_the_reader_table_keeps_one_entry_per_live_puller():
     del first, adapter  # the adapter observes through it
     gc.collect()
     assert key not in module._READERS
+
+
+# -- a core used directly: its tenants are its keys, int keys among them ----------------
+
+
+def core_setup(**kw):
+    """TenantMetrics over a ``vtc.Scheduler`` used directly (no adapter, whose tenants
+    are names): the view a refresh reads, and the registry to read the series from."""
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry, **{"interval": 0.0, "window": 8.0, **kw})
+    core = vtc.Scheduler(M=100_000)
+    view = SimpleNamespace(
+        core=core, tenancy=SimpleNamespace(weight=core.weight), config=EngineConfig()
+    )
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
+    return core, metrics, view, registry
+
+
+def running_and_waiting(core, keys, rids):
+    """One running and one waiting request per tenant of ``keys``; returns the
+    running ones' ids by tenant."""
+    running = {}
+    for k in keys:
+        rid = next(rids)
+        core.submit(rid, k, 10)
+        running[k] = rid
+    assert sorted(core.schedule()) == sorted(running.values())
+    for k in keys:
+        core.submit(next(rids), k, 10)
+    return running
+
+
+def serve_tokens(core, running, tokens):
+    """Charge ``tokens[k]`` generated tokens to tenant ``k``'s running request."""
+    keys = [k for k in tokens if tokens[k]]
+    core.decode([running[k] for k in keys], [tokens[k] for k in keys])
+
+
+def assert_series_of(registry, core, label, key, tokens=True):
+    """The series labelled ``label`` are tenant ``key``'s, as the core has them."""
+    waiting, running = core.active_clients().get(key, (0, 0))
+    assert value(registry, "vtc_tenant_counter", tenant=label) == core.counter(key)
+    assert value(registry, "vtc_tenant_weight", tenant=label) == core.weight(key)
+    assert value(registry, "vtc_tenant_requests", tenant=label, state="waiting") == waiting
+    assert value(registry, "vtc_tenant_requests", tenant=label, state="running") == running
+    if tokens:  # (a tenant labelled since its first charge)
+        prompt, decode = core.tokens()[key]
+        assert (
+            value(registry, "vtc_tenant_service_tokens_total", tenant=label, kind="prompt")
+            == prompt
+        )
+        assert (
+            value(registry, "vtc_tenant_service_tokens_total", tenant=label, kind="decode")
+            == decode
+        )
+
+
+def token_totals(registry, kind):
+    """Every ``vtc_tenant_service_tokens_total`` of ``kind``, by tenant label."""
+    return {
+        labels["tenant"]: v
+        for family in registry.collect()
+        for name, labels, v, *_ in family.samples
+        if name == "vtc_tenant_service_tokens_total" and labels["kind"] == kind
+    }
+
+
+def test_int_keyed_tenants_are_labelled_by_their_gains_over_the_window():
+    # The labels follow the tenants' gains over the window (FairnessWindow.gains by
+    # key): int keys were looked up as names, every gain NaN, and the labels stuck.
+    core, metrics, view, registry = core_setup(max_tenants=2)
+    rids = iter(range(1, 1_000))
+    running = running_and_waiting(core, [0, 1, 2, 3], rids)
+    serve_tokens(core, running, {0: 50, 1: 40, 2: 1, 3: 1})
+    metrics.refresh(view, 0.0)
+    assert labelled(registry) == {"0", "1"}
+    for k in (0, 1):
+        assert_series_of(registry, core, str(k), k)
+    # then 2 and 3 are served, 0 and 1 not: over the window they are the most served
+    for now in range(1, 12):
+        serve_tokens(core, running, {2: 100, 3: 90})
+        metrics.refresh(view, float(now))
+    assert labelled(registry) == {"2", "3"}
+    for k in (2, 3):
+        assert_series_of(registry, core, str(k), k, tokens=False)
+    # their tokens before they had labels went to _other, since then to their own
+    tokens = core.tokens()
+    assert token_totals(registry, "prompt") == {OTHER: tokens[2][0] + tokens[3][0]}
+    assert token_totals(registry, "decode") == {
+        "2": tokens[2][1] - 1,
+        "3": tokens[3][1] - 1,
+        OTHER: 1 + 1,
+    }
+    assert value(registry, "vtc_tenant_counter", tenant="0") is None  # series removed
+
+
+def test_an_int_key_and_a_name_of_the_same_digits_never_share_a_series(caplog):
+    # 1 and "1" are two tenants with one label value "1": one of them has it (the
+    # name, taking labels at the same refresh), the other is summed under _other.
+    core, metrics, view, registry = core_setup(max_tenants=10)
+    rids = iter(range(1, 1_000))
+    running = running_and_waiting(core, [1, "1", 2, "a"], rids)
+    serve_tokens(core, running, {1: 70, "1": 5, 2: 3, "a": 9})
+    with caplog.at_level("WARNING", logger="vtc"):
+        metrics.refresh(view, 0.0)
+    assert labelled(registry) == {"1", "2", "a"}
+    assert_series_of(registry, core, "1", "1")
+    assert_series_of(registry, core, "2", 2)
+    assert_series_of(registry, core, "a", "a")
+    tokens = core.tokens()
+    for kind, i in (("prompt", 0), ("decode", 1)):
+        assert token_totals(registry, kind)[OTHER] == tokens[1][i]  # int 1's, alone
+    assert value(registry, "vtc_tenant_requests", tenant=OTHER, state="running") == 1
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "'1'" in caplog.text and "_other" in caplog.text
+    # the holder keeps it, however more int 1 is served; warned once
+    for now in range(1, 4):
+        serve_tokens(core, running, {1: 100})
+        with caplog.at_level("WARNING", logger="vtc"):
+            metrics.refresh(view, float(now))
+    assert_series_of(registry, core, "1", "1")
+    assert token_totals(registry, "decode")[OTHER] == core.tokens()[1][1]
+    assert len(caplog.records) == 1
+
+
+def test_a_label_value_stays_with_its_holder_until_the_core_forgets_it():
+    # One label: int 1 (the most served at the first refresh) takes "1"; "1", served
+    # far more later, is passed over while 1 holds it, and takes it once 1 is gone.
+    core, metrics, view, registry = core_setup(max_tenants=1)
+    rids = iter(range(1, 1_000))
+    running = running_and_waiting(core, [1, "1"], rids)
+    serve_tokens(core, running, {1: 50, "1": 5})
+    metrics.refresh(view, 0.0)
+    assert labelled(registry) == {"1"}
+    assert_series_of(registry, core, "1", 1)
+    for now in range(1, 4):
+        serve_tokens(core, running, {"1": 500})
+        metrics.refresh(view, float(now))
+        assert_series_of(registry, core, "1", 1)
+    assert token_totals(registry, "decode") == {"1": 50, OTHER: core.tokens()["1"][1]}
+    for rid in range(1, 5):  # every request of both
+        core.cancel(rid)
+    core.submit(next(rids), "1", 10)  # "1" comes back; 1 does not
+    core.forget_idle()
+    assert 1 not in core.clients() and "1" in core.clients()
+    metrics.refresh(view, 4.0)
+    assert_series_of(registry, core, "1", "1", tokens=False)

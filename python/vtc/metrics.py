@@ -10,7 +10,9 @@ tallies go with them); the adapter tells it only of admissions and preemptions.
 The window is the core's (``vtc._core.FairnessWindow``, which keeps its snapshots of
 every tenant's service): Jain's index and the counter spread in one call, then the
 labelled tenants' gains and the candidates for a label; the core must be a
-``vtc.Scheduler`` keyed by tenant name (the adapter's).
+``vtc.Scheduler``. A tenant is a key of the core, as it is: a name (the adapter's)
+or an int key (a core used directly), which is its own tenant beside a name of the
+same digits (``1`` and ``"1"`` are two tenants).
 
 ===================================  =========  ====================================
 series                               type       meaning
@@ -43,7 +45,13 @@ hysteresis (:data:`LABEL_MARGIN`, :meth:`TenantMetrics._relabel`); the others
 are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
 counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
 ``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
-that the core forgets, are removed. Tenant names are label values as they are, never parsed.
+that the core forgets, are removed. Tenant names are label values as they are, never parsed;
+an int key's label value is its decimal form. A label value is one tenant's: a tenant
+whose value another tenant's label holds (``1`` while ``"1"`` has its label, or the
+other way round) gets no label of its own while that one keeps it (it is summed under
+``_other``, and a warning says so once per :class:`TenantMetrics`). Of two taking
+labels at one refresh, the name takes it while every tenant fits in ``max_tenants``,
+else the more served (ties: the name).
 
 In prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, how vLLM and
 SGLang serve a scheduler process's metrics) the series live in files of vtc's own
@@ -53,6 +61,7 @@ SGLang serve a scheduler process's metrics) the series live in files of vtc's ow
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import time
@@ -71,6 +80,8 @@ from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
+
+_log = logging.getLogger("vtc")
 
 #: the reader slot of ``Scheduler.changes`` the metrics use, shared by every
 #: TenantMetrics on one core: one that pulls after another did starts the slot again
@@ -165,17 +176,16 @@ _IDLE = (0, 0)
 _first, _second = itemgetter(0), itemgetter(1)
 
 
-def _by_name(d: dict[Any, Any]) -> dict[str, Any]:
-    """``d`` keyed by tenant name: ``d`` itself when its keys are all ``str`` (the
-    adapter's tenants are; checked in C), else a copy with ``str`` keys."""
-    if set(map(type, d)) <= {str}:
-        return d
-    return {str(k): v for k, v in d.items()}
+def _label(tenant: int | str) -> str:
+    """The ``tenant`` label value of a core's key: a name as it is, an int key's
+    decimal form (so ``1`` and ``"1"`` have the same: :meth:`TenantMetrics._claim`)."""
+    return tenant if type(tenant) is str else str(tenant)
 
 
-def _named(row: tuple[Any, float]) -> tuple[str, float]:
-    """A ``(key, gain)`` row of ``FairnessWindow.above`` with the key as a name."""
-    return row if type(row[0]) is str else (str(row[0]), row[1])
+def _by_name(tenant: int | str) -> tuple[str, bool]:
+    """The order of tenants' ties: by label value, a name before an int key (keys of
+    both types are not comparable)."""
+    return (_label(tenant), type(tenant) is not str)
 
 
 _BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
@@ -303,22 +313,24 @@ class TenantMetrics(Observer):
         self._idle = True
         self._longest = 0  # the longest prompt admitted (L of the bound)
         # increments not yet on the series, by tenant
-        self._prompt: dict[str, int] = {}
-        self._decode: dict[str, int] = {}
-        self._preempt: dict[str, int] = {}
-        self._seen: dict[str, tuple[int, int]] = {}  # the core's tallies, last read
+        # (tenants are the core's keys, as they are: names, or int keys)
+        self._prompt: dict[int | str, int] = {}
+        self._decode: dict[int | str, int] = {}
+        self._preempt: dict[int | str, int] = {}
+        self._seen: dict[int | str, tuple[int, int]] = {}  # the core's tallies, last read
         # the mirror of every tenant the core has, from Scheduler.changes
         self._core: Any = None  # the core mirrored
-        self._counters: dict[str, float] = {}
-        self._services: dict[str, float] = {}
-        self._active: dict[str, tuple[int, int]] = {}  # (waiting, running), not both 0
+        self._counters: dict[int | str, float] = {}
+        self._services: dict[int | str, float] = {}
+        self._active: dict[int | str, tuple[int, int]] = {}  # (waiting, running), not both 0
         self._waiting = self._running = 0  # over every tenant
-        self._dirty: set[str] = set()  # changed since the last refresh
-        self._labelled: set[str] = set()  # tenants with their own series
+        self._dirty: set[int | str] = set()  # changed since the last refresh
+        self._labelled: set[int | str] = set()  # tenants with their own series
+        self._warned = False  # of a tenant passed over: its label value was taken
         # tenant -> {(metric id, *labels): [child, last value set]}
-        self._series: dict[str, dict[tuple[Any, ...], list[Any]]] = {}
+        self._series: dict[int | str, dict[tuple[Any, ...], list[Any]]] = {}
         # labelled tenant -> its counter, weight, waiting and running entries of _series
-        self._rows: dict[str, tuple[list[Any], ...]] = {}
+        self._rows: dict[int | str, tuple[list[Any], ...]] = {}
         # the window's snapshots of every tenant's service, in the core
         self._fairness = FairnessWindow(window)
 
@@ -435,11 +447,10 @@ class TenantMetrics(Observer):
             self._core = core
             _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
         full, changed, gone = core.changes(CHANGES_READER)
-        changed = _by_name(changed)
         if full:
             gone = [t for t in self._counters if t not in changed]
         for tenant in gone:
-            self._drop(str(tenant))
+            self._drop(tenant)
         counters, services, active = self._counters, self._services, self._active
         seen, prompt, decode = self._seen, self._prompt, self._decode
         for tenant, (c, s, p, d, w, r) in changed.items():
@@ -463,7 +474,7 @@ class TenantMetrics(Observer):
             seen[tenant] = (p, d)
         self._dirty.update(changed)
 
-    def _drop(self, tenant: str) -> None:
+    def _drop(self, tenant: int | str) -> None:
         """Take a tenant the core forgot out of the mirror."""
         self._counters.pop(tenant, None)
         self._services.pop(tenant, None)
@@ -473,7 +484,7 @@ class TenantMetrics(Observer):
         self._waiting -= w
         self._running -= r
 
-    def _relabel(self, core: Any, services: dict[str, float]) -> None:
+    def _relabel(self, core: Any, services: dict[int | str, float]) -> None:
         """Give at most ``max_tenants`` of the most served tenants (their service
         gained over the window: ``FairnessWindow.gains`` and ``above``, as of this
         refresh) their own series, with hysteresis: a free label goes to the most
@@ -481,7 +492,8 @@ class TenantMetrics(Observer):
         the label of the least served labelled tenant once it was served more than
         ``1 + LABEL_MARGIN`` times as much. After a refresh with every label taken,
         no tenant without a label was served more than ``1 + LABEL_MARGIN`` times as
-        much as any tenant with one.
+        much as any tenant with one, but for a tenant whose label value another
+        tenant's label holds (:meth:`_claim`).
 
         Per-tenant Python work only for the labelled tenants and the candidates:
         the tenants above that bar (none, most of the time), every unlabelled one
@@ -492,34 +504,65 @@ class TenantMetrics(Observer):
             self._remove(tenant)
             labelled.discard(tenant)
         if len(services) <= limit:
-            labelled.update(services.keys() - labelled)
+            new = services.keys() - labelled
+            if new:
+                labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
             return
         # (a tenant forgotten and back within the window: less than at its start)
         fairness, names = self._fairness, list(labelled)
         got = dict(zip(names, map(max, fairness.gains(core, names), repeat(0.0))))
         while len(got) > limit:  # pragma: no cover - max_tenants lowered: the least served go
-            worst = min(got, key=lambda t: (got[t], t))
+            worst = min(got, key=lambda t: (got[t], _by_name(t)))
             del got[worst]
             self._remove(worst)
             labelled.discard(worst)
         free = limit - len(got)
         bar = -math.inf if free or not got else min(got.values()) * (1.0 + LABEL_MARGIN)
-        candidates = sorted(
-            (-v, t) for t, v in map(_named, fairness.above(core, bar)) if t not in labelled
+        candidates = self._claim(
+            sorted((-v, _by_name(t), t) for t, v in fairness.above(core, bar) if t not in labelled)
         )
         if not candidates:
             return
-        labelled.update(t for _, t in candidates[:free])
+        labelled.update(t for *_, t in candidates[:free])
         # the labelled tenants, least served first (ties: the last by name first)
-        incumbents = sorted(got, key=lambda t: (-got[t], t), reverse=True)
-        for (minus, new), old in zip(candidates[free:], incumbents):
+        incumbents = sorted(got, key=lambda t: (-got[t], _by_name(t)), reverse=True)
+        for (minus, _, new), old in zip(candidates[free:], incumbents):
             if -minus <= got[old] * (1.0 + LABEL_MARGIN):
                 break  # and every later pair: candidates decrease, incumbents increase
             self._remove(old)
             labelled.discard(old)
             labelled.add(new)
 
-    def _fold_into_other(self, tenant: str) -> None:
+    def _claim(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` (each ending with a tenant without a label, in the order they take
+        labels) less those whose label value a labelled tenant or an earlier row's
+        tenant holds: a label value is one tenant's, else two tenants (``1`` and
+        ``"1"``) would add to one series. Such a tenant stays under ``_other`` (its
+        mirror, tallies and gains are its own); the first is logged."""
+        held = {_label(t): t for t in self._labelled}
+        kept = []
+        for row in rows:
+            tenant = row[-1]
+            label = _label(tenant)
+            if label not in held:
+                held[label] = tenant
+                kept.append(row)
+            elif not self._warned:
+                self._warned = True
+                holder = held[label]
+                _log.warning(
+                    "vtc metrics: tenants %r and %r have the same tenant label value %r: "
+                    "%r gets no series of its own while %r has the label (summed under %r)",
+                    holder,
+                    tenant,
+                    label,
+                    tenant,
+                    holder,
+                    OTHER,
+                )
+        return kept
+
+    def _fold_into_other(self, tenant: int | str) -> None:
         """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""
         if tenant in self._labelled:
             return
@@ -537,7 +580,7 @@ class TenantMetrics(Observer):
             self._child(self.preemptions, tenant)[0].inc(n)
         self._preempt.clear()
 
-    def _child(self, metric: Any, tenant: str, *labels: str) -> list[Any]:
+    def _child(self, metric: Any, tenant: int | str, *labels: str) -> list[Any]:
         """``[child, last value set]`` of a series, its child made once (labels() is
         slow: it validates and locks on every call)."""
         series = self._series.get(tenant)
@@ -547,10 +590,10 @@ class TenantMetrics(Observer):
         entry = series.get(key)
         if entry is None:
             with self._families.creating():
-                entry = series[key] = [metric.labels(tenant, *labels), None]
+                entry = series[key] = [metric.labels(_label(tenant), *labels), None]
         return entry
 
-    def _row(self, tenant: str) -> tuple[list[Any], ...]:
+    def _row(self, tenant: int | str) -> tuple[list[Any], ...]:
         """The entries of a labelled tenant's gauges: its counter, weight, waiting
         and running requests (made at once: a tenant that gains its label has every
         series at the refresh, an idle one too)."""
@@ -562,24 +605,29 @@ class TenantMetrics(Observer):
         )
         return row
 
-    def _set(self, metric: Any, tenant: str, *labels: str, value: float) -> None:
+    def _set(self, metric: Any, tenant: int | str, *labels: str, value: float) -> None:
         entry = self._child(metric, tenant, *labels)
         if entry[1] != value:
             entry[0].set(value)
             entry[1] = value
 
-    def _remove(self, tenant: str) -> None:
-        """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`)."""
-        metrics = {id(m): m for m in self._families.labelled}
+    def _remove(self, tenant: int | str) -> None:
+        """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`):
+        none without series of its own (its label value may be another tenant's)."""
         self._rows.pop(tenant, None)
-        for metric_id, *labels in self._series.pop(tenant, {}):
+        series = self._series.pop(tenant, None)
+        if series is None:
+            return
+        metrics = {id(m): m for m in self._families.labelled}
+        label = _label(tenant)
+        for metric_id, *labels in series:
             try:
-                metrics[metric_id].remove(tenant, *labels)
+                metrics[metric_id].remove(label, *labels)
             except KeyError:  # pragma: no cover - already gone
                 pass
         files = self._families.files
         if files is not None:
-            files.remove(tenant)
+            files.remove(label)
 
     def _compact(self) -> None:
         """Rewrite vtc's multiprocess files that still hold removed series."""
