@@ -33,6 +33,7 @@ __all__ = [
     "QuadraticCost",
     "ContextCost",
     "FairnessWindow",
+    "SyncLedger",
     "key_id",
     "SchedulerError",
     "InvalidArgumentError",
@@ -170,6 +171,60 @@ class FairnessWindow:
         """``(key, gain)`` of every client of ``scheduler`` whose ``gains`` is more
         than ``bar``, in client id order: one pass in Rust (the candidates for the
         metrics' labels)."""
+
+@final
+class SyncLedger:
+    """The shared counters' ledger (``vtc.distributed.SharedCounters``), kept in the
+    core: per tenant, the service charged here that the store has not acknowledged,
+    and whether the tenant had requests waiting (or set aside) at the last read.
+    It reads the scheduler's change-feed slot ``reader`` (an int in
+    ``[0, CHANGE_READERS)``, else ``InvalidArgumentError``): the service a tenant
+    gained since the last read is folded into its amount (all of it for a tenant
+    not seen live at the last read: new, or forgotten and back). Tenants are keys,
+    as the store names them; clients without a key are left out. Not a
+    ``Scheduler``: ``TypeError``."""
+
+    def __new__(cls, reader: int) -> Self: ...
+    @property
+    def reader(self) -> int: ...
+    def reset(self, scheduler: Scheduler) -> None:
+        """Serve ``scheduler``: its reader slot starts again (the next ``read`` is
+        full) and the service it holds now counts as already in the store (never
+        pushed). Amounts not yet acknowledged are kept."""
+    def read(
+        self, scheduler: Scheduler, idle: bool = False
+    ) -> tuple[bool, list[_ClientKey], list[_ClientKey], list[_ClientKey], list[_ClientKey], int]:
+        """Fold what ``scheduler`` charged since the last read: ``(full, entered,
+        left, idle, gone, rows)``. ``full``: the slot's first read (``entered`` then
+        lists every tenant waiting now); otherwise ``entered``/``left``: the tenants
+        whose waiting state changed since the last read (``left`` includes forgotten
+        ones that were waiting); ``idle`` (when asked): every changed tenant with
+        nothing waiting; ``gone``: the tenants forgotten since; ``rows``: changed
+        plus forgotten. O(changed tenants) in Rust."""
+    def push_json(self) -> tuple[bytes, int]:
+        """``(json, n)``: the unacknowledged amounts of ``n`` tenants as one JSON array
+        ``["<key>", "<amount>", ...]`` (keys ``i:<int>``/``s:<str>``, UTF-8; each
+        amount the shortest text of its float): the sync script's services argument."""
+    def pushed(self) -> dict[str, float]:
+        """The unacknowledged amounts by stored key (``i:<int>``, ``s:<str>``)."""
+    def unacked(self) -> list[tuple[_ClientKey, float]]:
+        """``(tenant, amount)`` of every unacknowledged amount (each > 0)."""
+    def unacked_tenants(self, waiting: bool | None = None) -> list[_ClientKey]:
+        """The tenants with an unacknowledged amount; with ``waiting`` given, only
+        those whose waiting state at the last read is that."""
+    def unacked_of(self, tenant: _ClientKey) -> float:
+        """The unacknowledged amount of ``tenant`` (0.0 for none)."""
+    def seen(self, tenant: _ClientKey) -> float | None:
+        """The service of ``tenant`` at the last read (None: not live then)."""
+    def acknowledge(self) -> None:
+        """The store applied every amount: none is unacknowledged any more."""
+    def forget(self, tenants: Iterable[_ClientKey]) -> None:
+        """The scheduler forgot ``tenants`` and this ledger did not read in between:
+        their service starts again from 0."""
+    def check(self) -> None:
+        """``AssertionError`` if the ledger's invariant is broken (for tests)."""
+    def __len__(self) -> int:
+        """Tenants with an unacknowledged amount."""
 
 @final
 class Scheduler:

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
-from vtc._core import MAX_COUNTER, Scheduler
+from vtc._core import MAX_COUNTER, Scheduler, SyncLedger
 from vtc.config import DEFAULT_SYNC_MS, SYNC_CHANGES_READER
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def encode(client: Client) -> str:
 def decode(key: str | bytes) -> Client:
     """The inverse of :func:`encode`."""
     if isinstance(key, bytes):
-        key = key.decode()
+        key = key.decode("utf-8", "surrogatepass")  # a str key may hold a lone surrogate
     return int(key[2:]) if key.startswith("i:") else key[2:]
 
 
@@ -192,6 +192,11 @@ class SyncRequest:
     forget_ms: int = 60_000
     since: int | None = None
     cursor: str = "0"
+    #: ``services`` as the script's argument, one JSON array ``[key, amount, ...]``
+    #: built by the core's ledger (``services`` is then empty): for a store that
+    #: says ``takes_json`` (:class:`RedisStore`), so a push of every tenant does not
+    #: encode each in Python
+    services_json: bytes | None = None
 
 
 @dataclass
@@ -636,8 +641,21 @@ return {'ok', epoch, fl and fmt(fl) or '', table.concat(vals, ','), tostring(ver
 
 
 def _json_list(items: Sequence[str]) -> bytes:
-    """``items`` as one script argument: a JSON array of strings, UTF-8 (``cjson`` in Lua)."""
-    return json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
+    """``items`` as one script argument: a JSON array of strings, UTF-8 (``cjson`` in Lua;
+    a lone surrogate in a tenant's name goes as its three bytes, as the core keeps it)."""
+    return json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def _text(raw: bytes) -> str:
+    """The tenant keys the script sent back, as text: a lone surrogate's three bytes (a
+    name the core keeps) decode to it; bytes that are no text at all (a corrupt store)
+    to U+FFFD, never an error."""
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
 
 
 def _stored_numbers(raws: Sequence[bytes]) -> list[float | None]:
@@ -656,7 +674,7 @@ def _resp_size(items: Sequence[Any]) -> int:
     """Bytes of ``items`` as a RESP array of bulk strings (what goes over the wire)."""
     size = len(f"*{len(items)}\r\n")
     for x in items:
-        n = len(x) if isinstance(x, bytes) else len(str(x).encode())
+        n = len(x) if isinstance(x, bytes) else len(str(x).encode("utf-8", "surrogatepass"))
         size += len(f"${n}\r\n") + n + 2
     return size
 
@@ -706,6 +724,10 @@ class RedisStore:
     ``bytes_out``/``bytes_in`` count the RESP bytes of every sync.
     """
 
+    #: takes :attr:`SyncRequest.services_json` (a wrapper that does not say so gets
+    #: ``services``)
+    takes_json = True
+
     def __init__(self, client: redis.Redis, namespace: str = "default", keep_ms: int = KEEP_MS):
         self.client = client
         self.namespace = check_namespace(namespace)
@@ -754,6 +776,9 @@ class RedisStore:
             FORGET_BATCH,
         ]
         for pairs in (req.services, req.hints):  # [key, value, key, value, ...], in C
+            if pairs is req.services and req.services_json is not None:
+                args.append(req.services_json)  # the core's ledger built it
+                continue
             flat = chain.from_iterable(zip(pairs, map(repr, map(float, pairs.values()))))
             args.append(_json_list(list(flat)))
         for items in (req.add, req.keep, req.remove, req.pull):
@@ -773,7 +798,7 @@ class RedisStore:
         if req.since is None:
             return SyncReply(status, epoch, stored_number(out[2]), counters)
         version = int(out[4])
-        keys = json.loads(out[5].decode("utf-8", "replace"))  # cjson: {} when empty
+        keys = json.loads(_text(out[5]))  # cjson: {} when empty
         if not keys:
             changed: dict[str, float] = {}
         else:
@@ -1125,6 +1150,10 @@ class SharedCounters:
         self._seq = 0
         self._acked_seq = 0
         self._scheduler: SchedulerLike | None = None
+        #: with the change feed: the core's ledger of the service folded since the last
+        #: acknowledged sync, by tenant, and of the tenants waiting at the last read
+        #: (``vtc._core.SyncLedger``, on the feed's slot); without: the two dicts below
+        self._ledger: SyncLedger | None = None
         self._seen: dict[Client, float] = {}  # the scheduler's service() when last folded
         #: service folded since the last acknowledged sync, by tenant (encoded at the push)
         self._unacked: dict[Client, float] = {}
@@ -1172,8 +1201,10 @@ class SharedCounters:
                 if self._feeding:
                     # the slot starts again: the first read is full (and its services
                     # are compared with these, so what was charged before counts as in)
-                    scheduler.reset_changes(SYNC_CHANGES_READER)  # type: ignore[attr-defined]
-                self._seen = dict(scheduler.services())
+                    self._ledger = SyncLedger(SYNC_CHANGES_READER)
+                    self._ledger.reset(scheduler)  # type: ignore[arg-type]
+                else:
+                    self._seen = dict(scheduler.services())
                 self._scheduler = scheduler
             elif self._scheduler is not scheduler:
                 raise ValueError(
@@ -1184,16 +1215,16 @@ class SharedCounters:
     def _fold(self, scheduler: SchedulerLike) -> Mapping[Client, float]:
         """Move the service charged since the last fold into the unacknowledged amounts.
 
-        With the change feed (:attr:`feed`): reads only the tenants changed since
-        the last read (:meth:`_read_feed`); otherwise every tenant's service (one
-        core call) compared with the last reading (~65 ns a tenant).  The rest
-        of the per-tenant work is only for the tenants whose service changed
-        (:meth:`fold_changed`).  Returns every tenant's service at the fold
-        (with the feed: what was seen, the same values).
+        With the change feed (:attr:`feed`): the core's ledger reads only the
+        tenants changed since the last read (:meth:`_read_feed`); otherwise every
+        tenant's service (one core call) compared with the last reading (~65 ns a
+        tenant).  The rest of the per-tenant work is only for the tenants whose
+        service changed (:meth:`fold_changed`).  Returns every tenant's service at
+        the fold (with the feed: nothing, the ledger keeps it).
         """
         if self._feeding:
             self._read_feed(scheduler)
-            return self._seen
+            return {}
         snap = scheduler.services()
         seen = self._seen
         self.fold_changed([(c, v) for c, v in snap.items() if seen.get(c) != v])
@@ -1223,64 +1254,53 @@ class SharedCounters:
     def _read_feed(self, scheduler: SchedulerLike) -> None:
         """One read of the change feed: fold the services changed, follow the waiting set.
 
-        A full read (the first, or after ``reset_changes``) is today's full path:
-        every live tenant, what was seen replaced (dropping forgotten tenants).
-        Otherwise only the changed rows: the ``gone`` keys (forgotten by
-        ``forget_idle``) are dropped from what was seen first, as :meth:`forgot`
-        does, so a key forgotten and back again counts its new service in full.
+        The core's ledger (``vtc._core.SyncLedger``) folds the service of the tenants
+        changed since the last read into their unacknowledged amounts (the rule of
+        :meth:`fold_changed`; a tenant forgotten by ``forget_idle`` and back counts
+        its new service in full) and returns only the tenants whose waiting state
+        changed, so this Python is per change of the waiting set, not per tenant
+        charged.  A full read (the first, or after a reset) returns every waiting
+        tenant.
         """
         with self._sync_lock:
-            full, rows, gone = scheduler.changes(SYNC_CHANGES_READER)  # type: ignore[attr-defined]
-            seen, fwait, fdirty, fleft = self._seen, self._fwait, self._fdirty, self._fleft
+            ledger = self._ledger
+            assert ledger is not None
+            full, entered, left, idle, gone, rows = ledger.read(
+                scheduler,  # type: ignore[arg-type]
+                bool(self._queues),
+            )
+            fwait, fdirty, fleft = self._fwait, self._fdirty, self._fleft
             self.stats.feed_reads += 1
             self.stats.feed_full_reads += full
-            self.stats.feed_rows += len(rows) + len(gone)
+            self.stats.feed_rows += rows
             if full:
-                snap = {c: r[1] for c, r in rows.items()}
-                self.fold_changed([(c, v) for c, v in snap.items() if seen.get(c) != v])
-                self._seen = snap
-                now = {c for c, r in rows.items() if r[4]}
+                now = set(entered)
                 fdirty |= now ^ self._acked_wait
                 fleft |= self._acked_wait - now
                 self._fwait = now
-                return
-            for c in gone:
-                seen.pop(c, None)
-                if c in fwait:
-                    fwait.discard(c)
-                    fdirty.add(c)
-                    fleft.add(c)
-            # fold_changed and the waiting set's follow-up fused into one pass over the
-            # rows (the per-tenant Python of a sync after every tenant was charged)
-            unacked = self._unacked
-            for c, r in rows.items():
-                v = r[1]
-                old = seen.get(c)
-                if old != v:
-                    seen[c] = v
-                    d = v if old is None or v < old else v - old  # smaller: forgotten, new
-                    if d > 0:
-                        unacked[c] = unacked.get(c, 0.0) + d
-                if r[4]:
+            else:
+                for c in left:  # forgotten ones first, as the ledger listed them
+                    if c in fwait:
+                        fwait.discard(c)
+                        fdirty.add(c)
+                        fleft.add(c)
+                for c in entered:
                     if c not in fwait:
                         fwait.add(c)
                         fdirty.add(c)
-                elif c in fwait:
-                    fwait.discard(c)
-                    fdirty.add(c)
-                    fleft.add(c)
             if self._queues:  # tracked requests of tenants with nothing waiting: done
                 with self._lock:
-                    for c in gone:
+                    for c in chain(gone, idle):
                         self._queues.pop(c, None)
-                    for c, r in rows.items():
-                        if not r[4]:
-                            self._queues.pop(c, None)
 
     def unsynced(self, scheduler: SchedulerLike, client: Client) -> float:
         """Service of ``client`` charged here that the store has not acknowledged."""
         with self._sync_lock:
             self.attach(scheduler)
+            ledger = self._ledger
+            if ledger is not None:
+                local = scheduler.service(client) - (ledger.seen(client) or 0.0)
+                return ledger.unacked_of(client) + max(local, 0.0)
             local = scheduler.service(client) - self._seen.get(client, 0.0)
             return self._unacked.get(client, 0.0) + max(local, 0.0)
 
@@ -1311,6 +1331,8 @@ class SharedCounters:
         """The scheduler forgot ``clients``: their service starts again from 0."""
         clients = list(clients)
         with self._sync_lock:
+            if self._ledger is not None:
+                self._ledger.forget(clients)
             for c in clients:
                 self._seen.pop(c, None)
         with self._defer_lock:  # a raise left for the next pass is not for them now
@@ -1473,6 +1495,8 @@ class SharedCounters:
             self._epoch = reply.epoch
             self._full = False
             self._acked_seq = self._seq
+            if self._ledger is not None:
+                self._ledger.acknowledge()
             self._unacked = {}
             if feed_wait:  # the acknowledged set follows the changes only
                 acked, fwait = self._acked_wait, self._fwait
@@ -1503,20 +1527,23 @@ class SharedCounters:
     ) -> None:
         """Lift each of ``got`` (key -> global counter) to ``global + local since the fold``.
 
-        Few tenants: one ``service()`` each. Many, with the change feed: one more read
-        of the feed (only the tenants charged during the round trip), which folds what
-        was charged since the fold into the (just emptied) unacknowledged amounts: that
-        is the local part, and no O(tenants) ``services()`` is needed. Without the
-        feed: one ``services()`` call (the fold read every tenant's already)."""
+        With the change feed: one more read of the feed (only the tenants charged
+        during the round trip), which folds what was charged since the fold into the
+        ledger's (just acknowledged) amounts: that is the local part, and no
+        O(tenants) ``services()`` is needed. Without the feed, few tenants: one
+        ``service()`` each; many: one ``services()`` call (the fold read every
+        tenant's already)."""
         if not got:
             return
         clients = _decode_all(got)
         raise_to: dict[Client, float] = {}
-        if len(clients) > 64 and self._feeding and not self._unacked:
+        ledger = self._ledger
+        if ledger is not None:
+            # the ledger's amounts were just acknowledged: this read folds what was
+            # charged during the round trip, the local part
             self._read_feed(scheduler)
-            unacked = self._unacked
-            if unacked:
-                get = unacked.get
+            if len(ledger):
+                get = dict(ledger.unacked()).get
                 raise_to = {c: g + get(c, 0.0) for c, g in zip(clients, got.values())}
             else:  # nothing charged during the round trip (the usual case)
                 raise_to = dict(zip(clients, got.values()))
@@ -1570,11 +1597,25 @@ class SharedCounters:
             deferred, self._deferred = self._deferred, {}
         return scheduler.raise_counters(deferred)
 
+    def _unacked_tenants(self) -> Iterable[Client]:
+        """The tenants with service the store has not acknowledged."""
+        return self._unacked if self._ledger is None else self._ledger.unacked_tenants()
+
     def _round_trip(
         self, scheduler: SchedulerLike, wait: set[Client], feed_wait: bool = False
     ) -> tuple[SyncReply, list[str]]:
-        unacked = self._unacked
-        push = dict(zip(_encode_all(unacked), unacked.values()))
+        ledger = self._ledger
+        push_json: bytes | None = None
+        if ledger is None:
+            push = dict(zip(_encode_all(self._unacked), self._unacked.values()))
+            pushed = len(push)
+        else:
+            if getattr(self.store, "takes_json", False):  # built in the core
+                push_json, pushed = ledger.push_json()
+                push = {}
+            else:
+                push = ledger.pushed()
+                pushed = len(push)
         keep: list[str] = []
         hints: dict[str, float] = {}
         since: int | None = None
@@ -1582,7 +1623,7 @@ class SharedCounters:
             cont = self._acked_wait - self._fleft if feed_wait else self._continuous
             keep = sorted(map(encode, wait & cont))
             add, rem = sorted(map(encode, wait - cont)), []
-            for c in wait.union(unacked):
+            for c in wait.union(self._unacked_tenants()):
                 v = scheduler.counter(c)
                 if v > 0:
                     hints[encode(c)] = v
@@ -1601,9 +1642,12 @@ class SharedCounters:
             if self.delta:
                 since = self._since
         if self.delta:  # the waiting set comes back (arrivals, and any written since)
-            pull = sorted(_encode_all([c for c in unacked if c not in wait]))
+            if feed_wait and ledger is not None:  # the ledger's waiting set is `wait`
+                pull = sorted(_encode_all(ledger.unacked_tenants(False)))
+            else:
+                pull = sorted(_encode_all([c for c in self._unacked_tenants() if c not in wait]))
         else:
-            pull = sorted({encode(c) for c in wait} | push.keys())
+            pull = sorted({encode(c) for c in wait} | set(_encode_all(self._unacked_tenants())))
         self._seq += 1
         req = SyncRequest(
             self.replica_id,
@@ -1622,9 +1666,10 @@ class SharedCounters:
             forget_ms=self.forget_ms,
             since=since,
             cursor=self._cursor,
+            services_json=push_json,
         )
         self.stats.round_trips += 1
-        self.stats.pushed_tenants += len(push)
+        self.stats.pushed_tenants += pushed
         return self.store.sync(req), pull
 
     def _rename(self) -> None:

@@ -47,6 +47,16 @@ pub enum KeyRef<'a> {
     Str(Cow<'a, [u8]>),
 }
 
+impl From<&KeyRef<'_>> for ClientKey {
+    /// The owned key of an argument (a str's bytes copied).
+    fn from(k: &KeyRef<'_>) -> Self {
+        match k {
+            KeyRef::Int(i) => ClientKey::Int(*i),
+            KeyRef::Str(s) => ClientKey::Str(s.as_ref().into()),
+        }
+    }
+}
+
 impl ClientKey {
     /// Snapshot key bytes: tag 0 + i64 (little-endian) or tag 1 + the bytes.
     pub fn encode(&self) -> Vec<u8> {

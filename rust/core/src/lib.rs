@@ -25,6 +25,7 @@ mod error;
 pub mod fairness;
 mod heap;
 mod keys;
+pub mod ledger;
 pub mod limits;
 mod lookup;
 mod scheduler;

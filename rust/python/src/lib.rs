@@ -23,6 +23,7 @@ mod engine;
 mod errors;
 mod fairness;
 mod keys;
+mod ledger;
 mod lookup;
 mod outputs;
 mod views;
@@ -458,6 +459,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
     m.add_class::<fairness::PyFairnessWindow>()?;
+    m.add_class::<ledger::PySyncLedger>()?;
     m.add_function(wrap_pyfunction!(outputs::key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;
     for kind in [

@@ -264,7 +264,7 @@ impl PyScheduler {
 }
 
 /// A change reader slot: an int in `[0, READERS)`.
-fn reader_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<usize> {
+pub(crate) fn reader_arg(obj: Option<&Bound<'_, PyAny>>) -> Result<usize> {
     let Some(obj) = obj else { return Ok(0) };
     let v = int_arg("reader", obj)?;
     usize::try_from(v)

@@ -1,0 +1,197 @@
+//! `SyncLedger`: the shared counters' unacknowledged service by tenant and
+//! the waiting tenants, kept in the core (`vtc_core::ledger`) so that a sync
+//! does not fold, encode and look up every changed tenant in Python.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use vtc_core::ledger::{push_json, Read, SyncLedger};
+use vtc_core::ClientKey;
+
+use crate::convert::type_error;
+use crate::errors::Result;
+use crate::keys::{client_key, key_to_py};
+use crate::views::reader_arg;
+use crate::PyScheduler;
+
+/// One replica's sync ledger. See `vtc/_core.pyi`.
+#[pyclass(module = "vtc", name = "SyncLedger")]
+pub(crate) struct PySyncLedger {
+    inner: SyncLedger,
+    read: Read,
+    json: Vec<u8>,
+}
+
+fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
+    obj.cast::<PyScheduler>()
+        .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
+}
+
+fn key_list<'py>(py: Python<'py>, keys: &[ClientKey]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for k in keys {
+        list.append(key_to_py(py, k)?)?;
+    }
+    Ok(list)
+}
+
+/// A key as the store names it: `i:<int>` or `s:<str>`.
+fn encoded<'py>(py: Python<'py>, k: &ClientKey) -> PyResult<Bound<'py, PyAny>> {
+    let mut out = Vec::with_capacity(16);
+    match k {
+        ClientKey::Int(i) => out.extend_from_slice(format!("i:{i}").as_bytes()),
+        ClientKey::Str(s) => {
+            out.extend_from_slice(b"s:");
+            out.extend_from_slice(s);
+        }
+    }
+    crate::keys::str_of(py, &out)
+}
+
+type ReadOut<'py> = (
+    bool,
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+    usize,
+);
+
+#[pymethods]
+impl PySyncLedger {
+    #[new]
+    fn new(reader: &Bound<'_, PyAny>) -> Result<Self> {
+        Ok(PySyncLedger {
+            inner: SyncLedger::new(reader_arg(Some(reader))?),
+            read: Read::default(),
+            json: Vec::new(),
+        })
+    }
+
+    #[getter]
+    fn reader(&self) -> usize {
+        self.inner.reader()
+    }
+
+    /// Serve `scheduler` from now on: its reader slot starts again and what
+    /// it was charged so far counts as already in the store.
+    fn reset(&mut self, py: Python<'_>, scheduler: &Bound<'_, PyAny>) -> Result<()> {
+        let scheduler = scheduler_arg(scheduler)?;
+        let mut g = scheduler.get().lock(py)?;
+        Ok(self.inner.reset(&mut g.core)?)
+    }
+
+    /// Fold what `scheduler` charged since the last read: `(full, entered,
+    /// left, idle, gone, rows)`.
+    #[pyo3(signature = (scheduler, idle = false))]
+    fn read<'py>(
+        &mut self,
+        py: Python<'py>,
+        scheduler: &Bound<'py, PyAny>,
+        idle: bool,
+    ) -> Result<ReadOut<'py>> {
+        let scheduler = scheduler_arg(scheduler)?;
+        {
+            let mut g = scheduler.get().lock(py)?;
+            self.inner.read(&mut g.core, idle, &mut self.read)?;
+        }
+        let r = &self.read;
+        Ok((
+            r.full,
+            key_list(py, &r.entered)?,
+            key_list(py, &r.left)?,
+            key_list(py, &r.idle)?,
+            key_list(py, &r.gone)?,
+            r.rows,
+        ))
+    }
+
+    /// `(json, n)`: the unacknowledged amounts of `n` tenants as the sync
+    /// script's services argument, one JSON array of strings.
+    fn push_json<'py>(&mut self, py: Python<'py>) -> (Bound<'py, PyBytes>, usize) {
+        let n = push_json(&self.inner, &mut self.json);
+        (PyBytes::new(py, &self.json), n)
+    }
+
+    /// The unacknowledged amounts by stored key (`i:<int>`, `s:<str>`).
+    fn pushed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in self.inner.unacked() {
+            d.set_item(encoded(py, k)?, v)?;
+        }
+        Ok(d)
+    }
+
+    /// `[(tenant, amount)]` of every unacknowledged amount.
+    fn unacked<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for (k, v) in self.inner.unacked() {
+            list.append((key_to_py(py, k)?, v))?;
+        }
+        Ok(list)
+    }
+
+    /// The tenants with an unacknowledged amount; `waiting=False`: only
+    /// those with nothing waiting at the last read.
+    #[pyo3(signature = (waiting = None))]
+    fn unacked_tenants<'py>(
+        &self,
+        py: Python<'py>,
+        waiting: Option<bool>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for (k, _) in self.inner.unacked() {
+            if waiting.is_none_or(|w| self.inner.waiting(k) == w) {
+                list.append(key_to_py(py, k)?)?;
+            }
+        }
+        Ok(list)
+    }
+
+    /// The unacknowledged amount of `tenant` (0 for none).
+    fn unacked_of(&self, tenant: &Bound<'_, PyAny>) -> Result<f64> {
+        let k = ClientKey::from(&client_key(tenant.as_borrowed())?);
+        Ok(self.inner.unacked_of(&k))
+    }
+
+    /// The service of `tenant` at the last read (`None`: not live then).
+    fn seen(&self, tenant: &Bound<'_, PyAny>) -> Result<Option<f64>> {
+        let k = ClientKey::from(&client_key(tenant.as_borrowed())?);
+        Ok(self.inner.seen(&k))
+    }
+
+    /// The store applied every amount: none is unacknowledged now.
+    fn acknowledge(&mut self) {
+        self.inner.acknowledge();
+    }
+
+    /// The scheduler forgot `tenants` without a read in between.
+    fn forget(&mut self, tenants: &Bound<'_, PyAny>) -> Result<()> {
+        let mut keys = Vec::new();
+        for t in tenants.try_iter()? {
+            keys.push(ClientKey::from(&client_key(t?.as_borrowed())?));
+        }
+        self.inner.forget(&keys);
+        Ok(())
+    }
+
+    /// Tenants with an unacknowledged amount.
+    fn __len__(&self) -> usize {
+        self.inner.num_unacked()
+    }
+
+    /// Raises `AssertionError` if the ledger's invariant is broken.
+    fn check(&self) -> PyResult<()> {
+        self.inner
+            .check()
+            .map_err(pyo3::exceptions::PyAssertionError::new_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "SyncLedger(reader={}, tenants={}, unacked={})",
+            self.inner.reader(),
+            self.inner.len(),
+            self.inner.num_unacked()
+        )
+    }
+}
