@@ -221,6 +221,29 @@ class SyncLedger:
     def forget(self, tenants: Iterable[_ClientKey]) -> None:
         """The scheduler forgot ``tenants`` and this ledger did not read in between:
         their service starts again from 0."""
+    def take_changed(self, keys: bytes, values: bytes) -> tuple[int, int]:
+        """Read a sync reply's changed counters as the script sent them (``keys`` a JSON
+        array of stored keys, ``{}`` for none; ``values`` their counters
+        comma-separated) for ``raise_pulled``/``pulled_values``: ``(kept, dropped)``,
+        a value that is no counter (not a number in ``[0, MAX_COUNTER]``) dropped. A
+        reply that cannot be read (not such a list, a key that is no key, fewer or more
+        values than keys): ``InvalidArgumentError``, nothing kept."""
+    def raise_pulled(
+        self, scheduler: Scheduler, extra: Mapping[_ClientKey, float] | None = None
+    ) -> tuple[int, int]:
+        """Raise each counter taken by ``take_changed``, and each of ``extra`` (tenant
+        -> global counter), to the global counter plus the tenant's unacknowledged
+        amount (charged here since the last acknowledgment), in one call into
+        ``scheduler``: ``(raised, skipped)``, skipped a value past ``MAX_COUNTER``. The
+        counters taken are used up, also on an error."""
+    def pulled_values(
+        self, extra: Mapping[_ClientKey, float] | None = None
+    ) -> tuple[dict[_ClientKey, float], int]:
+        """What ``raise_pulled`` would raise each tenant to, and how many it would skip
+        (a raise left for later); uses up the counters taken."""
+    @property
+    def num_pulled(self) -> int:
+        """Counters taken and not used yet."""
     def check(self) -> None:
         """``AssertionError`` if the ledger's invariant is broken (for tests)."""
     def __len__(self) -> int:

@@ -197,6 +197,10 @@ class SyncRequest:
     #: says ``takes_json`` (:class:`RedisStore`), so a push of every tenant does not
     #: encode each in Python
     services_json: bytes | None = None
+    #: the caller reads the changed counters itself: the reply's ``changed_raw``
+    #: holds the script's text (its core ledger parses and applies it), ``changed``
+    #: stays empty (a store that does not say ``takes_json`` ignores this)
+    raw_reply: bool = False
 
 
 @dataclass
@@ -218,6 +222,9 @@ class SyncReply:
     version: int | None = None
     changed: dict[str, float] = field(default_factory=dict)
     cursor: str = "0"
+    #: with :attr:`SyncRequest.raw_reply`: ``changed`` as the script sent it, the
+    #: JSON array of keys and the values comma-separated
+    changed_raw: tuple[bytes, bytes] | None = None
 
 
 class Store(Protocol):
@@ -798,6 +805,11 @@ class RedisStore:
         if req.since is None:
             return SyncReply(status, epoch, stored_number(out[2]), counters)
         version = int(out[4])
+        cursor = out[7].decode("ascii", "replace")
+        if req.raw_reply:  # the caller's ledger reads them (vtc._core.SyncLedger)
+            floor = stored_number(out[2])
+            raw = (out[5], out[6])
+            return SyncReply(status, epoch, floor, counters, version, {}, cursor, raw)
         keys = json.loads(_text(out[5]))  # cjson: {} when empty
         if not keys:
             changed: dict[str, float] = {}
@@ -809,7 +821,6 @@ class RedisStore:
                     f"{len(keys) if isinstance(keys, list) else keys!r} tenants"
                 )
             changed = {k: v for k, v in zip(keys, values) if v is not None}
-        cursor = out[7].decode("ascii", "replace")
         return SyncReply(status, epoch, stored_number(out[2]), counters, version, changed, cursor)
 
     def counters(self) -> dict[Client, float]:
@@ -1483,6 +1494,10 @@ class SharedCounters:
                     or reply.version < 0
                 ):
                     raise RuntimeError(f"store answered version {reply.version!r}")
+                pulled = 0
+                if self._ledger is not None:  # this reply's counters, or none (read here:
+                    # one that cannot be read is a store fault, before anything is acked)
+                    pulled = self._ledger.take_changed(*(reply.changed_raw or (b"{}", b"")))[0]
             except Exception as e:  # noqa: BLE001 - any store fault means: schedule locally
                 self.durations.append(time.perf_counter() - began)
                 self._fail(now, e)
@@ -1518,7 +1533,7 @@ class SharedCounters:
             for key, g in zip(pull, reply.counters):
                 if g is not None:
                     got[key] = g
-            self.stats.pulled_tenants += len(got)
+            self.stats.pulled_tenants += len(got) + pulled
             self._raise(scheduler, snap, got)
             return True
 
@@ -1533,27 +1548,32 @@ class SharedCounters:
         O(tenants) ``services()`` is needed. Without the feed, few tenants: one
         ``service()`` each; many: one ``services()`` call (the fold read every
         tenant's already)."""
+        ledger = self._ledger
+        if ledger is not None:
+            if not got and not ledger.num_pulled:
+                return
+            # the ledger's amounts were just acknowledged: this read folds what was
+            # charged during the round trip, the local part; the ledger raises each
+            # pulled counter (the reply's, read in the core, and `got`) to the global
+            # counter plus it, in one call
+            self._read_feed(scheduler)
+            extra = dict(zip(_decode_all(got), got.values())) if got else None
+            guard = self.guard
+            if guard is None or guard.acquire(blocking=False):
+                try:
+                    _, skipped = ledger.raise_pulled(scheduler, extra)  # type: ignore[arg-type]
+                finally:
+                    if guard is not None:
+                        guard.release()
+            else:  # a scheduling pass holds the guard: left for apply_deferred
+                values, skipped = ledger.pulled_values(extra)
+                self._defer(values)
+            self.stats.skipped += skipped
+            return
         if not got:
             return
         clients = _decode_all(got)
         raise_to: dict[Client, float] = {}
-        ledger = self._ledger
-        if ledger is not None:
-            # the ledger's amounts were just acknowledged: this read folds what was
-            # charged during the round trip, the local part
-            self._read_feed(scheduler)
-            if len(ledger):
-                get = dict(ledger.unacked()).get
-                raise_to = {c: g + get(c, 0.0) for c, g in zip(clients, got.values())}
-            else:  # nothing charged during the round trip (the usual case)
-                raise_to = dict(zip(clients, got.values()))
-            if not max(raise_to.values()) <= MAX_COUNTER:  # rare: leave those out
-                over = [c for c, v in raise_to.items() if not v <= MAX_COUNTER]
-                self.stats.skipped += len(over)
-                for c in over:
-                    del raise_to[c]
-            self._apply_raise(scheduler, raise_to)
-            return
         if len(clients) <= 64:  # few: one call each, not one dict of every tenant
             service = scheduler.service
             now_svc = {c: service(c) for c in clients}
@@ -1581,6 +1601,10 @@ class SharedCounters:
             finally:
                 guard.release()
             return
+        self._defer(raise_to)
+
+    def _defer(self, raise_to: Mapping[Client, float]) -> None:
+        """Leave ``raise_to`` for :meth:`apply_deferred` (the highest value of each)."""
         with self._defer_lock:
             deferred = self._deferred
             for c, v in raise_to.items():
@@ -1667,6 +1691,7 @@ class SharedCounters:
             since=since,
             cursor=self._cursor,
             services_json=push_json,
+            raw_reply=push_json is not None,
         )
         self.stats.round_trips += 1
         self.stats.pushed_tenants += pushed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 
 import pytest
 from sync_helpers import Recording
@@ -157,3 +158,71 @@ def test_charges_during_the_round_trip_are_pushed_next_and_raise_the_local_part(
     assert store.counters()["a"] == before + 8.0
     assert sh.unsynced(s, "a") == 0.0
     assert s.counter("a") >= before + 8.0
+
+
+class _Garbled:
+    """A store that says ``takes_json`` and answers what the script never sends while
+    ``garble`` is set (else delegates)."""
+
+    takes_json = True
+
+    def __init__(self, store: D.RedisStore) -> None:
+        self.store, self.garble = store, False
+
+    def sync(self, req):
+        reply = self.store.sync(req)
+        if self.garble and reply.status == "ok":
+            assert reply.changed_raw is not None and reply.changed == {}
+            reply.changed_raw = (b'["s:a","s:b"', b"1,2")
+        return reply
+
+    def counters(self):
+        return self.store.counters()
+
+    def backlog(self):
+        return self.store.backlog()
+
+
+def test_a_reply_that_cannot_be_read_acknowledges_nothing(redis_server):
+    """The ledger reads the reply's counters before anything is acknowledged: a reply it
+    cannot read is a store fault, and what was pushed is pushed again (the store applies
+    it once: the request's ``base`` tells it what it already has)."""
+    store = _Garbled(D.RedisStore.from_url(redis_server.url, "garbled", timeout_ms=2000))
+    sh = D.SharedCounters(store, replica_id="r0", retry_ms=0)
+    s, running = _charged(names=["a", "b"], attach=sh.attach)
+    assert sh.sync(s, D.CORE_WAITING)
+    base = store.counters()
+    s.decode(list(running.values()), 5)  # 10 each
+    store.garble = True
+    assert not sh.sync(s, D.CORE_WAITING)
+    assert sh.degraded and "changed" in sh.stats.last_error
+    assert sh.unsynced(s, "a") == sh.unsynced(s, "b") == 10.0
+    store.garble = False
+    assert sh.sync(s, D.CORE_WAITING) and not sh.degraded
+    assert store.counters() == {c: base[c] + 10.0 for c in "ab"}
+    assert sh.unsynced(s, "a") == 0.0
+
+
+def test_a_raise_while_a_pass_holds_the_guard_waits_for_the_pass(redis_server):
+    """A background sync that finds the engine's scheduling pass holding the guard
+    leaves its raises (the reply's counters, read in the core, plus the local part) to
+    ``apply_deferred``; the pass's order does not move meanwhile."""
+    url = redis_server.url
+    other = D.SharedCounters(D.RedisStore.from_url(url, "guard"), replica_id="r1", retry_ms=0)
+    s1, run1 = _charged(names=["a", "b"], attach=other.attach)
+    s1.decode([run1["a"]], 50)  # a is far ahead on r1
+    assert other.sync(s1, D.CORE_WAITING)
+
+    sh = D.SharedCounters(D.RedisStore.from_url(url, "guard"), replica_id="r0", retry_ms=0)
+    sh.guard = threading.Lock()
+    s, running = _charged(names=["a", "b"], attach=sh.attach)
+    before = {c: s.counter(c) for c in "ab"}
+    with sh.guard:
+        assert sh.sync(s, D.CORE_WAITING)
+        assert {c: s.counter(c) for c in "ab"} == before  # nothing moved within the pass
+        s.decode([running["a"]], 1)  # charged after the reply: 2 more
+    global_a = sh.store.counters()["a"]
+    assert global_a > before["a"]
+    with sh.guard:
+        assert sh.apply_deferred(s) >= 1
+    assert s.counter("a") >= global_a

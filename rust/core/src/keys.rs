@@ -58,6 +58,14 @@ impl From<&KeyRef<'_>> for ClientKey {
 }
 
 impl ClientKey {
+    /// The key as an argument, its bytes borrowed.
+    pub fn as_key_ref(&self) -> KeyRef<'_> {
+        match self {
+            ClientKey::Int(i) => KeyRef::Int(*i),
+            ClientKey::Str(s) => KeyRef::Str(Cow::Borrowed(s)),
+        }
+    }
+
     /// Snapshot key bytes: tag 0 + i64 (little-endian) or tag 1 + the bytes.
     pub fn encode(&self) -> Vec<u8> {
         match self {

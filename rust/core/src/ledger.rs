@@ -313,52 +313,46 @@ impl SyncLedger {
     }
 }
 
-/// Append `key` as the store names it, a JSON string (`"i:<int>"` or
-/// `"s:<str>"`), to `out`: `"`, `\` and control characters escaped, the
-/// rest as its bytes (what `json.dumps(..., ensure_ascii=False)` sends; a
-/// lone surrogate stays its three bytes, as the key holds it).
-pub fn push_json_key(out: &mut Vec<u8>, key: &ClientKey) {
-    out.push(b'"');
-    match key {
-        ClientKey::Int(i) => {
-            out.extend_from_slice(b"i:");
-            out.extend_from_slice(i.to_string().as_bytes());
-        }
-        ClientKey::Str(s) => {
-            out.extend_from_slice(b"s:");
-            for &b in s.iter() {
-                match b {
-                    b'"' => out.extend_from_slice(b"\\\""),
-                    b'\\' => out.extend_from_slice(b"\\\\"),
-                    0..=0x1f => {
-                        const HEX: &[u8; 16] = b"0123456789abcdef";
-                        out.extend_from_slice(b"\\u00");
-                        out.push(HEX[(b >> 4) as usize]);
-                        out.push(HEX[(b & 15) as usize]);
-                    }
-                    _ => out.push(b),
-                }
+impl SyncLedger {
+    /// What each of `pulled` (tenant, global counter from the store) should
+    /// be raised to: the global counter plus the tenant's unacknowledged
+    /// amount (what was charged here since the fold the store acknowledged,
+    /// i.e. during the round trip), appended to `out`; a value past
+    /// `MAX_COUNTER` is left out. Returns how many were left out.
+    pub fn raise_values(
+        &self,
+        pulled: &[(ClientKey, f64)],
+        out: &mut Vec<(ClientKey, f64)>,
+    ) -> usize {
+        let mut skipped = 0;
+        for (k, g) in pulled {
+            let v = g + self.unacked_of(k);
+            if v <= crate::limits::MAX_COUNTER {
+                out.push((k.clone(), v));
+            } else {
+                skipped += 1;
             }
         }
+        skipped
     }
-    out.push(b'"');
-}
 
-/// The unacknowledged amounts as the sync script's services argument: one
-/// JSON array `["<key>", "<amount>", ...]`, each amount the shortest text
-/// that reads back as the same float. Returns how many tenants it holds.
-pub fn push_json(ledger: &SyncLedger, out: &mut Vec<u8>) -> usize {
-    out.clear();
-    out.push(b'[');
-    let mut n = 0;
-    for (key, amount) in ledger.unacked() {
-        if n > 0 {
-            out.push(b',');
+    /// [`raise_values`](Self::raise_values) applied to `sched` in one call
+    /// (`Scheduler::raise_counters_keyed`): `(raised, left out)`.
+    pub fn raise_pulled(
+        &self,
+        sched: &mut Scheduler,
+        pulled: &[(ClientKey, f64)],
+    ) -> Result<(usize, usize)> {
+        let mut skipped = 0;
+        let mut items = Vec::with_capacity(pulled.len());
+        for (k, g) in pulled {
+            let v = g + self.unacked_of(k);
+            if v <= crate::limits::MAX_COUNTER {
+                items.push((k.as_key_ref(), v));
+            } else {
+                skipped += 1;
+            }
         }
-        push_json_key(out, key);
-        out.extend_from_slice(format!(",\"{amount:?}\"").as_bytes());
-        n += 1;
+        Ok((sched.raise_counters_keyed(&items)?, skipped))
     }
-    out.push(b']');
-    n
 }

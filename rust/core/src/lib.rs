@@ -30,6 +30,7 @@ pub mod limits;
 mod lookup;
 mod scheduler;
 mod snapshot;
+pub mod wire;
 
 pub use client::{Client, ClientId};
 pub use config::{ClientCap, Config, Overrides};

@@ -10,7 +10,8 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use common::Lcg;
-use vtc_core::ledger::{push_json, push_json_key, Read, SyncLedger};
+use vtc_core::ledger::{Read, SyncLedger};
+use vtc_core::wire::{parse_changed, push_json, push_json_key};
 use vtc_core::{ClientKey, KeyRef, Policy, Scheduler, Tokens};
 
 const READER: usize = 1;
@@ -265,4 +266,90 @@ fn the_push_is_one_json_array_of_keys_and_amounts() {
     ledger.acknowledge();
     assert_eq!(push_json(&ledger, &mut out), 0);
     assert_eq!(out, b"[]");
+}
+
+fn s(b: &[u8]) -> ClientKey {
+    ClientKey::Str(b.to_vec().into_boxed_slice())
+}
+
+#[test]
+fn the_replys_changed_counters_are_read_as_python_reads_them() {
+    let mut out = Vec::new();
+    // cjson's empty table, and an empty array: nothing, whatever the values say
+    assert_eq!(parse_changed(b"{}", b"", &mut out), Ok(0));
+    assert_eq!(parse_changed(b" [ ] ", b"1,2", &mut out), Ok(0));
+    assert!(out.is_empty());
+    let keys = br#"["s:a","i:-3","s:q\"b\\s\/x","s:\u00e9\ud83d\ude00","s:\ud800","s:\t\n","s:","x:y", "i:7"]"#;
+    let values = b"1,2.5,3e2,4,5,6,0,1e30,1e31";
+    assert_eq!(parse_changed(keys, values, &mut out), Ok(1)); // 1e31 is no counter
+    let want = vec![
+        (s(b"a"), 1.0),
+        (ClientKey::Int(-3), 2.5),
+        (s(b"q\"b\\s/x"), 300.0),
+        (s("é😀".as_bytes()), 4.0),
+        (s(b"\xed\xa0\x80"), 5.0), // a lone surrogate, as the core keeps it
+        (s(b"\t\n"), 6.0),
+        (s(b""), 0.0),
+        (s(b"y"), 1e30), // not i: -> a str, two characters off
+    ];
+    assert_eq!(out, want);
+    out.clear();
+    // values that are no counter are dropped, not errors
+    let keys = br#"["s:a","s:b","s:c","s:d","s:e","s:f"]"#;
+    assert_eq!(parse_changed(keys, b"nan,inf,-1,abc,,7", &mut out), Ok(5));
+    assert_eq!(out, vec![(s(b"f"), 7.0)]);
+    out.clear();
+    // what cannot be read is an error, and nothing is kept
+    for (k, v) in [
+        (&b"[\"s:a\",\"s:b\"]"[..], &b"1"[..]),  // fewer values
+        (b"[\"s:a\"]", b"1,2"),                  // more
+        (b"[\"s:a\"", b"1"),                     // unterminated
+        (b"[\"s:a\"]x", b"1"),                   // trailing
+        (b"[\"s:\x01\"]", b"1"),                 // a raw control character
+        (b"[\"i:abc\"]", b"1"),                  // an int key that is none
+        (b"[\"i:99999999999999999999\"]", b"1"), // past i64
+        (b"[\"s:\\x\"]", b"1"),                  // a bad escape
+        (b"[\"s:\\u12\"]", b"1"),                // a short \u
+        (b"[1]", b"1"),                          // not a string
+        (b"", b""),                              // nothing
+    ] {
+        assert!(
+            parse_changed(k, v, &mut out).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(k)
+        );
+        assert!(out.is_empty());
+    }
+}
+
+#[test]
+fn pulled_counters_rise_by_what_was_charged_since_the_acknowledgment() {
+    let mut s0 = Scheduler::new(1_000, 1.0, 2.0, Policy::Vtc).unwrap();
+    let a = KeyRef::Str(Cow::Borrowed(b"a"));
+    s0.submit_keyed(1, &a, 10, 0, None, 0).unwrap();
+    s0.submit_keyed(2, &KeyRef::Int(5), 10, 0, None, 0).unwrap();
+    let mut ledger = SyncLedger::new(READER);
+    ledger.reset(&mut s0).unwrap();
+    s0.schedule(&mut Vec::new());
+    let mut read = Read::default();
+    ledger.read(&mut s0, false, &mut read).unwrap();
+    ledger.acknowledge();
+    s0.decode(&[1], Tokens::Each(3)).unwrap(); // 6 charged to a during the round trip
+    ledger.read(&mut s0, false, &mut read).unwrap();
+    let pulled = vec![
+        (s(b"a"), 100.0),
+        (ClientKey::Int(5), 50.0),
+        (s(b"new"), 7.0),
+        (ClientKey::Int(9), 1e30), // + nothing: still a counter
+        (s(b"a-over"), 1e30),
+    ];
+    let mut values = Vec::new();
+    assert_eq!(ledger.raise_values(&pulled, &mut values), 0);
+    assert_eq!(values[0], (s(b"a"), 106.0));
+    assert_eq!(values[1], (ClientKey::Int(5), 50.0));
+    let (raised, skipped) = ledger.raise_pulled(&mut s0, &pulled).unwrap();
+    assert_eq!((raised, skipped), (5, 0));
+    let ca = s0.client_of(&a).unwrap();
+    assert_eq!(s0.counter(ca).unwrap(), 106.0);
+    // past the maximum with the local part: tests/redis/test_feed.py (charges of 2^32 tokens)
 }

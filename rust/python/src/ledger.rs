@@ -4,11 +4,12 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use vtc_core::ledger::{push_json, Read, SyncLedger};
+use vtc_core::ledger::{Read, SyncLedger};
+use vtc_core::wire::{parse_changed, push_json};
 use vtc_core::ClientKey;
 
-use crate::convert::type_error;
-use crate::errors::Result;
+use crate::convert::{float_arg, mapping_items, type_error};
+use crate::errors::{invalid, Result};
 use crate::keys::{client_key, key_to_py};
 use crate::views::reader_arg;
 use crate::PyScheduler;
@@ -19,6 +20,8 @@ pub(crate) struct PySyncLedger {
     inner: SyncLedger,
     read: Read,
     json: Vec<u8>,
+    /// The counters of the reply being applied (`take_changed`), cleared when used.
+    pulled: Vec<(ClientKey, f64)>,
 }
 
 fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
@@ -64,6 +67,7 @@ impl PySyncLedger {
             inner: SyncLedger::new(reader_arg(Some(reader))?),
             read: Read::default(),
             json: Vec::new(),
+            pulled: Vec::new(),
         })
     }
 
@@ -174,6 +178,53 @@ impl PySyncLedger {
         Ok(())
     }
 
+    /// Read the reply's changed counters (the script's JSON array of keys and
+    /// their values comma-separated) for `raise_pulled`/`pulled_values`:
+    /// `(kept, dropped)`, the values that are no counter dropped. A reply
+    /// that cannot be read: `InvalidArgumentError`, nothing kept.
+    fn take_changed(&mut self, keys: &[u8], values: &[u8]) -> Result<(usize, usize)> {
+        self.pulled.clear();
+        let dropped = parse_changed(keys, values, &mut self.pulled).map_err(invalid)?;
+        Ok((self.pulled.len(), dropped))
+    }
+
+    /// Raise the counters taken (`take_changed`) and `extra` (a mapping of
+    /// tenant -> global counter) each to the global counter plus the tenant's
+    /// unacknowledged amount, in one call into `scheduler`: `(raised,
+    /// skipped)`, skipped the values past `MAX_COUNTER`. The counters taken are
+    /// used up, also on an error.
+    #[pyo3(signature = (scheduler, extra = None))]
+    fn raise_pulled(
+        &mut self,
+        py: Python<'_>,
+        scheduler: &Bound<'_, PyAny>,
+        extra: Option<&Bound<'_, PyAny>>,
+    ) -> Result<(usize, usize)> {
+        let pulled = self.pulled_with(extra);
+        let scheduler = scheduler_arg(scheduler)?;
+        let pulled = pulled?;
+        let mut g = scheduler.get().lock(py)?;
+        Ok(self.inner.raise_pulled(&mut g.core, &pulled)?)
+    }
+
+    /// What `raise_pulled` would raise each tenant to, as a dict, and how many
+    /// it would skip (for a raise left to later); uses up the counters taken.
+    #[pyo3(signature = (extra = None))]
+    fn pulled_values<'py>(
+        &mut self,
+        py: Python<'py>,
+        extra: Option<&Bound<'py, PyAny>>,
+    ) -> Result<(Bound<'py, PyDict>, usize)> {
+        let pulled = self.pulled_with(extra)?;
+        let mut values = Vec::with_capacity(pulled.len());
+        let skipped = self.inner.raise_values(&pulled, &mut values);
+        let d = PyDict::new(py);
+        for (k, v) in &values {
+            d.set_item(key_to_py(py, k)?, *v)?;
+        }
+        Ok((d, skipped))
+    }
+
     /// Tenants with an unacknowledged amount.
     fn __len__(&self) -> usize {
         self.inner.num_unacked()
@@ -186,6 +237,12 @@ impl PySyncLedger {
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
+    /// Counters taken and not used yet.
+    #[getter]
+    fn num_pulled(&self) -> usize {
+        self.pulled.len()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "SyncLedger(reader={}, tenants={}, unacked={})",
@@ -193,5 +250,20 @@ impl PySyncLedger {
             self.inner.len(),
             self.inner.num_unacked()
         )
+    }
+}
+
+impl PySyncLedger {
+    /// The counters taken, and `extra`'s after them; the buffer is emptied.
+    fn pulled_with(&mut self, extra: Option<&Bound<'_, PyAny>>) -> Result<Vec<(ClientKey, f64)>> {
+        let mut pulled = std::mem::take(&mut self.pulled);
+        if let Some(extra) = extra {
+            let items = mapping_items(extra, "extra", "a mapping of tenant to counter")?;
+            for (k, v) in &items {
+                let key = ClientKey::from(&client_key(k.as_borrowed())?);
+                pulled.push((key, float_arg("counter", v)?));
+            }
+        }
+        Ok(pulled)
     }
 }
