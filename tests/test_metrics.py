@@ -441,9 +441,9 @@ def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
 
     def mirrored() -> None:
         core = adapter.core
-        assert metrics._counters == core.counters()
-        assert metrics._services == core.services()
-        assert metrics._active == core.active_clients()
+        assert _mirrored(metrics, 0) == core.counters()
+        assert _mirrored(metrics, 1) == core.services()
+        assert _mirrored_active(metrics) == core.active_clients()
 
     mirrored()
     for t in running.values():
@@ -451,11 +451,22 @@ def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
     adapter.step_done()
     assert adapter.tenancy.forget_idle() > 0
     forgotten = sorted(running.keys() - adapter.core.counters().keys())
-    assert forgotten and metrics._counters.keys().isdisjoint(forgotten)
+    assert forgotten and metrics._mirror.keys().isdisjoint(forgotten)
     adapter.arrive("back", None, [forgotten[0]], 10)  # forgotten, and back
     clock.now += 1.0
     adapter.step_done()
     mirrored()
+
+
+def _mirrored(metrics, field):
+    """One field of every tenant's mirror row (0: counter, 1: service)."""
+    return {tenant: row[field] for tenant, row in metrics._mirror.items()}
+
+
+def _mirrored_active(metrics):
+    """The mirror's (waiting, running) of the tenants with requests, as
+    ``Scheduler.active_clients()`` gives them."""
+    return {t: (row[4], row[5]) for t, row in metrics._mirror.items() if row[4] or row[5]}
 
 
 def _series_totals(registry, name, key):
@@ -524,15 +535,18 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
         if rng.random() < 0.3:
             clock.now += rng.random()
             removed += removing(adapter.step_done)
-            assert metrics._counters == core.counters()
-            assert metrics._services == core.services()
-            assert metrics._active == core.active_clients()
+            assert _mirrored(metrics, 0) == core.counters()
+            assert _mirrored(metrics, 1) == core.services()
+            assert _mirrored_active(metrics) == core.active_clients()
             jain, spread, _ = reference.refresh(core, clock.now)  # the Python computation
             assert value(registry, "vtc_counter_spread") == spread
             if jain is not None:
                 assert value(registry, "vtc_fairness_jain_index") == pytest.approx(
                     jain, rel=1e-12, nan_ok=True
                 )
+            assert {t: row[2:4] for t, row in metrics._mirror.items()} == core.tokens()
+            assert metrics._n_active == len(core.active_clients())
+            assert value(registry, "vtc_tenants_active") == len(core.active_clients())
             assert metrics._waiting == sum(w for w, _ in core.active_clients().values())
             assert metrics._running == sum(r for _, r in core.active_clients().values())
             tokens = _series_totals(registry, "vtc_tenant_service_tokens_total", "kind")
@@ -559,8 +573,8 @@ def test_two_tenant_metrics_on_one_core_each_stay_right():
         (first if step % 2 else second).refresh(adapter)
         (second if step % 2 else first).refresh(adapter)
         for metrics, reg in ((first, registry), (second, second_registry)):
-            assert metrics._counters == adapter.core.counters()
-            assert metrics._active == adapter.core.active_clients()
+            assert _mirrored(metrics, 0) == adapter.core.counters()
+            assert _mirrored_active(metrics) == adapter.core.active_clients()
             decode = value(reg, "vtc_tenant_service_tokens_total", tenant="acme", kind="decode")
             assert decode == 2 * (step + 1)
 

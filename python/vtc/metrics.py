@@ -172,8 +172,9 @@ class _Families:
         )
 
 
-_IDLE = (0, 0)
-_first, _second = itemgetter(0), itemgetter(1)
+#: a mirror row of a tenant not mirrored yet: nothing counted
+_ZERO = (0.0, 0.0, 0, 0, 0, 0)
+_waiting, _running = itemgetter(4), itemgetter(5)
 
 
 def _label(tenant: int | str) -> str:
@@ -317,12 +318,12 @@ class TenantMetrics(Observer):
         self._prompt: dict[int | str, int] = {}
         self._decode: dict[int | str, int] = {}
         self._preempt: dict[int | str, int] = {}
-        self._seen: dict[int | str, tuple[int, int]] = {}  # the core's tallies, last read
-        # the mirror of every tenant the core has, from Scheduler.changes
+        # the mirror of every tenant the core has, from Scheduler.changes: its row as
+        # the core gave it, (counter, service, prompt tokens, decode tokens, waiting,
+        # running), kept whole (one dict store per changed tenant)
         self._core: Any = None  # the core mirrored
-        self._counters: dict[int | str, float] = {}
-        self._services: dict[int | str, float] = {}
-        self._active: dict[int | str, tuple[int, int]] = {}  # (waiting, running), not both 0
+        self._mirror: dict[int | str, tuple[float, float, int, int, int, int]] = {}
+        self._n_active = 0  # tenants with waiting or running requests
         self._waiting = self._running = 0  # over every tenant
         self._dirty: set[int | str] = set()  # changed since the last refresh
         self._labelled: set[int | str] = set()  # tenants with their own series
@@ -375,14 +376,13 @@ class TenantMetrics(Observer):
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
         self._pull(adapter.core)
-        counters, services, active = self._counters, self._services, self._active
-        dirty = self._dirty
+        mirror, dirty = self._mirror, self._dirty
 
         # Jain's index and the spread over the backlogged tenants, from the core's
         # own snapshots of the window (FairnessWindow: one pass in Rust), which
         # then gives the tenants' gains over the window for the labels.
         jain, spread, _ = self._fairness.refresh(adapter.core, now)
-        self._relabel(adapter.core, services)
+        self._relabel(adapter.core, mirror)
         labelled = self._labelled
         for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
             unlabelled = pending.keys() - labelled
@@ -396,15 +396,15 @@ class TenantMetrics(Observer):
             row = rows.get(tenant)
             if row is None:
                 row = self._row(tenant)
-            w, r = active.get(tenant, _IDLE)
-            c = counters.get(tenant)
+            m = mirror.get(tenant)
+            c, w, r = (None, 0, 0) if m is None else (m[0], m[4], m[5])
             for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
                 if entry[1] != value and value is not None:
                     entry[0].set(value)
                     entry[1] = value
-        counts = list(map(active.get, labelled, repeat(_IDLE)))
-        other_w = self._waiting - sum(map(_first, counts))
-        other_r = self._running - sum(map(_second, counts))
+        counts = [row for row in map(mirror.get, labelled) if row is not None]
+        other_w = self._waiting - sum(map(_waiting, counts))
+        other_r = self._running - sum(map(_running, counts))
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
@@ -415,7 +415,7 @@ class TenantMetrics(Observer):
             while durations:
                 self.sync_seconds.observe(durations.popleft())
             self.sync_degraded.set(1.0 if sharing.shared.degraded else 0.0)
-        self.active.set(len(active))
+        self.active.set(self._n_active)
         self.spread.set(spread)
         config = adapter.config
         if self.budget is None:
@@ -432,9 +432,11 @@ class TenantMetrics(Observer):
         self._compact()
 
     def _pull(self, core: Any) -> None:
-        """Apply the core's changes since the last pull to the mirror (counters,
-        services, request counts), add what the token tallies grew by to the pending
-        increments by tenant (a tally that went back started again: a tenant
+        """Apply the core's changes since the last pull to the mirror (each changed
+        tenant's row stored as the core gave it: one dict update, the rows compared
+        with the last ones only for what they add up to: the waiting and running
+        requests over every tenant, the active tenants), add what the token tallies
+        grew by to the pending increments by tenant (a tally that went back started again: a tenant
         forgotten and back), and mark the changed tenants dirty. A core not pulled
         from before (a new TenantMetrics, another core), or whose reader slot another
         TenantMetrics pulled from since (:data:`_READERS`), starts the slot again: a
@@ -447,44 +449,41 @@ class TenantMetrics(Observer):
             self._core = core
             _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
         full, changed, gone = core.changes(CHANGES_READER)
+        mirror = self._mirror
         if full:
-            gone = [t for t in self._counters if t not in changed]
+            gone = [t for t in mirror if t not in changed]
         for tenant in gone:
             self._drop(tenant)
-        counters, services, active = self._counters, self._services, self._active
-        seen, prompt, decode = self._seen, self._prompt, self._decode
-        for tenant, (c, s, p, d, w, r) in changed.items():
-            counters[tenant] = c
-            services[tenant] = s
-            w0, r0 = active.get(tenant, _IDLE)
+        prompt, decode = self._prompt, self._decode
+        get = mirror.get
+        n_active, waiting, running = self._n_active, self._waiting, self._running
+        for tenant, (_, _, p, d, w, r) in changed.items():
+            _, _, p0, d0, w0, r0 = get(tenant, _ZERO)
             if w != w0 or r != r0:
-                self._waiting += w - w0
-                self._running += r - r0
-                if w or r:
-                    active[tenant] = (w, r)
-                else:
-                    del active[tenant]
-            p0, d0 = seen.get(tenant, _IDLE)
+                waiting += w - w0
+                running += r - r0
+                n_active += bool(w or r) - bool(w0 or r0)
             if p0 > p or d0 > d:
                 p0 = d0 = 0
             if p > p0:
                 prompt[tenant] = prompt.get(tenant, 0) + p - p0
             if d > d0:
                 decode[tenant] = decode.get(tenant, 0) + d - d0
-            seen[tenant] = (p, d)
+        self._n_active, self._waiting, self._running = n_active, waiting, running
+        mirror.update(changed)
         self._dirty.update(changed)
 
     def _drop(self, tenant: int | str) -> None:
         """Take a tenant the core forgot out of the mirror."""
-        self._counters.pop(tenant, None)
-        self._services.pop(tenant, None)
-        self._seen.pop(tenant, None)
+        row = self._mirror.pop(tenant, None)
         self._dirty.discard(tenant)
-        w, r = self._active.pop(tenant, _IDLE)
-        self._waiting -= w
-        self._running -= r
+        if row is not None:
+            w, r = row[4], row[5]
+            self._waiting -= w
+            self._running -= r
+            self._n_active -= bool(w or r)
 
-    def _relabel(self, core: Any, services: dict[int | str, float]) -> None:
+    def _relabel(self, core: Any, tenants: dict[int | str, Any]) -> None:
         """Give at most ``max_tenants`` of the most served tenants (their service
         gained over the window: ``FairnessWindow.gains`` and ``above``, as of this
         refresh) their own series, with hysteresis: a free label goes to the most
@@ -500,11 +499,11 @@ class TenantMetrics(Observer):
         while labels are free; every tenant's gain over the window is computed and
         compared with the bar in Rust (``FairnessWindow.above``)."""
         limit, labelled = self.max_tenants, self._labelled
-        for tenant in [t for t in labelled if t not in services]:  # the core forgot it
+        for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
             self._remove(tenant)
             labelled.discard(tenant)
-        if len(services) <= limit:
-            new = services.keys() - labelled
+        if len(tenants) <= limit:
+            new = tenants.keys() - labelled
             if new:
                 labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
             return
