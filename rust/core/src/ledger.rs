@@ -314,23 +314,33 @@ impl SyncLedger {
 }
 
 impl SyncLedger {
-    /// What each of `pulled` (tenant, global counter from the store) should
-    /// be raised to: the global counter plus the tenant's unacknowledged
-    /// amount (what was charged here since the fold the store acknowledged,
-    /// i.e. during the round trip), appended to `out`; a value past
-    /// `MAX_COUNTER` is left out. Returns how many were left out.
+    /// Each of `pulled` (tenant, global counter from the store) with what it
+    /// should be raised to: the global counter plus the tenant's
+    /// unacknowledged amount (what was charged here since the fold the store
+    /// acknowledged, i.e. during the round trip); `None` past `MAX_COUNTER`
+    /// (left out).
+    fn raise_targets<'a>(
+        &'a self,
+        pulled: &'a [(ClientKey, f64)],
+    ) -> impl Iterator<Item = (&'a ClientKey, Option<f64>)> + 'a {
+        pulled.iter().map(|(k, g)| {
+            let v = g + self.unacked_of(k);
+            (k, (v <= crate::limits::MAX_COUNTER).then_some(v))
+        })
+    }
+
+    /// The raise targets of `pulled` (see `raise_targets`) appended to
+    /// `out`; returns how many were left out.
     pub fn raise_values(
         &self,
         pulled: &[(ClientKey, f64)],
         out: &mut Vec<(ClientKey, f64)>,
     ) -> usize {
         let mut skipped = 0;
-        for (k, g) in pulled {
-            let v = g + self.unacked_of(k);
-            if v <= crate::limits::MAX_COUNTER {
-                out.push((k.clone(), v));
-            } else {
-                skipped += 1;
+        for (k, v) in self.raise_targets(pulled) {
+            match v {
+                Some(v) => out.push((k.clone(), v)),
+                None => skipped += 1,
             }
         }
         skipped
@@ -345,12 +355,10 @@ impl SyncLedger {
     ) -> Result<(usize, usize)> {
         let mut skipped = 0;
         let mut items = Vec::with_capacity(pulled.len());
-        for (k, g) in pulled {
-            let v = g + self.unacked_of(k);
-            if v <= crate::limits::MAX_COUNTER {
-                items.push((k.as_key_ref(), v));
-            } else {
-                skipped += 1;
+        for (k, v) in self.raise_targets(pulled) {
+            match v {
+                Some(v) => items.push((k.as_key_ref(), v)),
+                None => skipped += 1,
             }
         }
         Ok((sched.raise_counters_keyed(&items)?, skipped))

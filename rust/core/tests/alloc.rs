@@ -232,7 +232,8 @@ fn fairness_window_refresh_allocates_nothing_once_warmed_up() {
         for _ in 0..3 {
             rid += 1;
             if i % 2 == 0 {
-                s.submit_keyed(rid, &KeyRef::Int(i), 64, 0, None, 0).unwrap();
+                s.submit_keyed(rid, &KeyRef::Int(i), 64, 0, None, 0)
+                    .unwrap();
             } else {
                 let k = KeyRef::Str(format!("tenant-{i}").into_bytes().into());
                 s.submit_keyed(rid, &k, 64, 0, None, 0).unwrap();
