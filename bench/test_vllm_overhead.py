@@ -288,6 +288,54 @@ def test_scheduler_step(benchmark: Any, config: Any, scheduler: str) -> None:
         assert len(engine.s.tenant_counters()) == TENANTS
 
 
+ARRIVAL_TENANTS = 1_000
+ARRIVAL_ROUNDS = int(os.environ.get("VTC_BENCH_ARRIVALS", 20_000))
+
+
+def test_arrival(benchmark: Any, config: Any) -> None:
+    """One arrival through VTC's queue (``VTCScheduler.add_request``: the tenant
+    rule, the core id, ``Requests.submit``), 1,000 tenants with two requests
+    waiting each. Each round submits a fresh vLLM ``Request`` of a random tenant;
+    the round's setup (not timed) removes the previous one, so the queue is the
+    same at every arrival. ``extra_info["process_ns"]``: the same arrivals on
+    the process clock (median, mean), which another process's load does not
+    inflate."""
+    s = make_scheduler(VTCScheduler, config, num_blocks=NUM_BLOCKS)
+    rng = random.Random(7)
+    for i in range(2 * ARRIVAL_TENANTS):
+        s.add_request(make_request(f"t{i % ARRIVAL_TENANTS}", rng.randint(64, 512), 32))
+    arrivals = [
+        make_request(f"t{rng.randrange(ARRIVAL_TENANTS)}", rng.randint(64, 512), 32)
+        for _ in range(ARRIVAL_ROUNDS + 10)
+    ]
+    pending = iter(arrivals)
+    last: list[Any] = []
+    process_ns: list[int] = []
+    clock = time.process_time_ns
+    add = s.add_request
+
+    def setup() -> Any:
+        if last:
+            s.waiting.remove_request(last.pop())
+        last.append(next(pending))
+        return (last[0],), {}
+
+    def arrive(request: Any) -> None:
+        t0 = clock()
+        add(request)
+        process_ns.append(clock() - t0)
+
+    benchmark.group = f"vllm arrival: {ARRIVAL_TENANTS} tenants"
+    benchmark.pedantic(arrive, setup=setup, rounds=ARRIVAL_ROUNDS, iterations=1, warmup_rounds=10)
+    benchmark.extra_info["process_ns"] = {
+        "median": statistics.median(process_ns),
+        "mean": statistics.fmean(process_ns),
+    }
+    assert len(s.waiting) == 2 * ARRIVAL_TENANTS + 1
+    assert len(s.tenant_counters()) == ARRIVAL_TENANTS
+    s.vtc._check_invariants()
+
+
 class Trio:
     """Stock vLLM, VTC (its code clocked) and stock vLLM replaying VTC's
     admissions, built fresh, stepped alternately (machine noise hits all three)."""
