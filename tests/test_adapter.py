@@ -19,7 +19,7 @@ from vtc.adapter import (
     Tenancy,
     format_counters,
 )
-from vtc.config import EngineConfig
+from vtc.config import EngineConfig, first_tenant
 
 
 def make(**kw) -> tuple[vtc.Scheduler, Tenancy]:
@@ -504,3 +504,113 @@ def test_priority_weights_follow_the_engines_priority_order():
     assert strict.core.band_weights() is None
     assert "strict bands" in strict.describe_priorities(1)
     assert strict.describe_priorities(None) == ""
+
+
+class _Arriving(Observer):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def arriving(self, tenant: str) -> None:
+        self.seen.append(tenant)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda obs, o: obs.append(o),
+        lambda obs, o: obs.extend([o]),
+        lambda obs, o: obs.insert(0, o),
+        lambda obs, o: obs.__iadd__([o]),
+        lambda obs, o: obs.__setitem__(slice(0, 0), [o]),
+    ],
+    ids=["append", "extend", "insert", "iadd", "setitem"],
+)
+def test_observers_wants_follows_an_added_observer(change) -> None:
+    """``wants`` is kept per point: adding a listener must be seen at once (the
+    next arrival notifies it)."""
+    from vtc.observer import _Observers
+
+    core = vtc.Scheduler(M=1000)
+    obs = _Observers([Observer()])
+    requests = Requests(core, obs)
+    requests.submit("a", None, "t1", 10)
+    assert not obs.wants("arriving")
+    o = _Arriving()
+    change(obs, o)
+    assert obs.wants("arriving")
+    requests.submit("b", None, "t2", 10)
+    assert o.seen == ["t2"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda obs: obs.remove(obs[-1]),
+        lambda obs: obs.pop(),
+        lambda obs: obs.clear(),
+        lambda obs: obs.__delitem__(-1),
+        lambda obs: obs.__setitem__(-1, Observer()),
+        lambda obs: obs.__imul__(0),
+    ],
+    ids=["remove", "pop", "clear", "delitem", "setitem", "imul"],
+)
+def test_observers_wants_follows_a_removed_observer(change) -> None:
+    from vtc.observer import _Observers
+
+    o = _Arriving()
+    obs = _Observers([Observer(), o])
+    assert obs.wants("arriving")
+    change(obs)
+    assert not obs.wants("arriving")
+    Requests(vtc.Scheduler(M=1000), obs).submit("a", None, "t1", 10)
+    assert o.seen == []
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "n"),
+    [(1, 1), (1000, 1000), (0, 1), (-5, 1), (1001, 1000), (True, 1), (7.9, 7), (2**80, 1000)],
+)
+def test_submit_clamps_the_prompt_as_the_core_needs(prompt_len, n) -> None:
+    """An int prompt in [1, M] goes to the core as it is; anything else is
+    clamped into it (the fast path must not change a value)."""
+    core = vtc.Scheduler(M=1000)
+    t = Requests(core).submit("a", None, "t1", prompt_len)
+    assert t.prompt_len == n
+    assert core.status(t.rid) == WAITING
+
+
+class _SubmitRecorder:
+    """A core whose ``submit`` calls are recorded (everything else: the core's)."""
+
+    def __init__(self, core: vtc.Scheduler) -> None:
+        self.core = core
+        self.bands: list[int] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.core, name)
+
+    def submit(self, rid, client, prompt_len, **kwargs):
+        self.bands.append(kwargs.get("priority", 0))
+        return self.core.submit(rid, client, prompt_len, **kwargs)
+
+
+@pytest.mark.parametrize("priority", [0, 5, -5, 2**63 - 1, -(2**63), 2**70, -(2**70), True, 2.5])
+def test_submit_priority_is_the_core_band(priority) -> None:
+    """The band the core gets is the priority clamped to 64 bits (an int in range
+    as it is, the default band 0 left out)."""
+    core = _SubmitRecorder(vtc.Scheduler(M=1000))
+    Requests(core).submit("x", None, "t2", 10, priority=priority)  # type: ignore[arg-type]
+    assert core.bands == [min(max(int(priority), -(2**63)), 2**63 - 1)]
+    assert type(core.bands[0]) is int
+
+
+def test_first_tenant_str_rule() -> None:
+    class Name(str):
+        pass
+
+    assert first_tenant(["", "a" * 129, "b"]) == "b"
+    assert first_tenant(["a" * 128]) == "a" * 128
+    name = Name("sub")
+    assert first_tenant([name]) is name
+    assert first_tenant([None, True, 7]) == "7"
+    assert first_tenant(["", None]) is None

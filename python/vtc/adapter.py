@@ -239,6 +239,8 @@ RUNNING = "running"
 ASIDE = "aside"
 """Taken off its queue by ``set_aside``, not charged, until ``put_back``."""
 
+_BAND_MIN, _BAND_MAX = -(2**63), 2**63 - 1  # the core's priority bands (i64)
+
 _CHARGE_ERRORS = (UnknownRequestError, RequestStateError, InvalidArgumentError)
 
 
@@ -396,12 +398,19 @@ class Requests:
         moved = rid in by_rid
         while rid in by_rid:  # taken by a live request: the next free id
             rid = (rid + 1) % (1 << 64)
-        n = min(max(int(prompt_len), 1), self._M)
-        priority = min(max(int(priority), -(2**63)), 2**63 - 1)  # the core's 64-bit bands
+        n = prompt_len
+        if type(n) is not int or not 0 < n <= self._M:  # (an int in range: as it is)
+            n = min(max(int(n), 1), self._M)
+        if type(priority) is not int or not _BAND_MIN <= priority <= _BAND_MAX:
+            priority = min(max(int(priority), _BAND_MIN), _BAND_MAX)  # the core's 64-bit bands
         known = self._change()
-        if self.observers.wants("arriving"):
-            self.observers.notify("arriving", tenant)
-        self.core.submit(rid, tenant, n, priority=priority)
+        observers = self.observers
+        if observers and observers.wants("arriving"):
+            observers.notify("arriving", tenant)
+        if priority:
+            self.core.submit(rid, tenant, n, priority=priority)
+        else:  # (the core's default band: no keyword to parse)
+            self.core.submit(rid, tenant, n)
         if known:
             self._moved(+1)
         t = Tracked(key, rid, request, tenant, n)

@@ -189,6 +189,10 @@ def first_tenant(values: Iterable[Any]) -> str | None:
     """The first of ``values`` (request fields, in the engine's order) that names a
     tenant; None if none does. Anything that cannot name one is skipped."""
     for value in values:
+        if type(value) is str:  # the usual field: tenant_name's rule for a str, inline
+            if 0 < len(value) <= MAX_TENANT_LEN:
+                return value
+            continue
         name = tenant_name(value)
         if name is not None:
             return name

@@ -129,22 +129,26 @@ class Observer:
 
 
 class _Observers(list):
-    """The observers of one adapter, called safely (see :class:`Observer`)."""
+    """The observers of one adapter, called safely (see :class:`Observer`).
+
+    :meth:`wants` is answered once per point while the list is unchanged: every
+    method that changes which observers it holds forgets the answers."""
 
     def __init__(self, observers: Iterable[Observer] = (), log: logging.Logger | None = None):
         super().__init__(observers)
         self._log = log or _log
         self._failed: set[tuple[int, str]] = set()
-        self._wants: dict[tuple[Any, ...], bool] = {}
+        self._wants: dict[str, bool] = {}
 
     def wants(self, point: str) -> bool:
         """Whether an observer overrides ``point``: a hot path builds the
         arguments of a point only if someone listens to it."""
-        key = (point, len(self), *map(id, self))
-        known = self._wants.get(key)
+        known = self._wants.get(point)
         if known is None:
             base = getattr(Observer, point)
-            known = self._wants[key] = any(getattr(type(o), point, base) is not base for o in self)
+            known = self._wants[point] = any(
+                getattr(type(o), point, base) is not base for o in self
+            )
         return known
 
     def notify(self, point: str, *args: Any) -> None:
@@ -155,3 +159,24 @@ class _Observers(list):
                 if (id(o), point) not in self._failed:
                     self._failed.add((id(o), point))
                     self._log.exception("VTC: observer %r failed in %s; skipped", o, point)
+
+
+def _forgets_wants(name: str) -> Any:
+    change = getattr(list, name)
+
+    def changed(self: _Observers, *args: Any) -> Any:
+        self._wants.clear()
+        return change(self, *args)
+
+    changed.__name__ = name
+    changed.__doc__ = change.__doc__
+    return changed
+
+
+# every list method that can change which observers the list holds
+for _name in (
+    "append", "extend", "insert", "remove", "pop", "clear",
+    "__setitem__", "__delitem__", "__iadd__", "__imul__",
+):  # fmt: skip
+    setattr(_Observers, _name, _forgets_wants(_name))
+del _name
