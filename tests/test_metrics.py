@@ -224,6 +224,26 @@ def test_a_tenant_that_leaves_the_top_for_good_loses_its_label():
     assert labelled(registry) == {"b", "c"}
 
 
+def test_at_a_swap_the_interval_goes_to_the_new_label_and_the_old_one_to_other():
+    """The refresh at which c takes a's label puts c's tokens since the last refresh
+    on c's own counter and a's on _other's: the tallies are split by the labels of
+    this refresh, not the last one's (the pull sums unlabelled tenants' increments
+    straight into _other, after the relabelling)."""
+    adapter, _, registry, clock = setup(M=10**9, max_tenants=2, window=10.0)
+    running = serve(adapter, ["a", "b", "c"])
+
+    def second(tokens):
+        adapter.requests.charge([(running[n], k) for n, k in tokens.items()])
+        clock.now += 1.0
+        adapter.step_done()
+
+    second({"a": 100, "b": 100, "c": 10})
+    assert decode_tokens(registry) == {"a": 100, "b": 100, OTHER: 10}
+    second({"a": 1, "b": 100, "c": 1000})
+    assert labelled(registry) == {"b", "c"}
+    assert decode_tokens(registry) == {"b": 200, "c": 1000, OTHER: 11}
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_no_tenant_without_a_label_was_served_twice_as_much_as_one_with_it(seed):
     import random

@@ -375,7 +375,7 @@ class TenantMetrics(Observer):
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
-        self._pull(adapter.core)
+        changed, old = self._read(adapter.core)
         mirror, dirty = self._mirror, self._dirty
 
         # Jain's index and the spread over the backlogged tenants, from the core's
@@ -384,6 +384,9 @@ class TenantMetrics(Observer):
         jain, spread, _ = self._fairness.refresh(adapter.core, now)
         self._relabel(adapter.core, mirror)
         labelled = self._labelled
+        # the tallies after the labels: an unlabelled tenant's increments are summed
+        # straight into _other's (no per-tenant entry to move there afterwards)
+        self._tally(changed, old, labelled)
         for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
             unlabelled = pending.keys() - labelled
             if unlabelled:  # to _other (its own increments included)
@@ -432,15 +435,21 @@ class TenantMetrics(Observer):
         self._compact()
 
     def _pull(self, core: Any) -> None:
+        """Apply the core's changes since the last pull to the mirror and the pending
+        increments by tenant (:meth:`_read`, then :meth:`_tally` keeping every
+        tenant's increments its own: the pull made before the core forgets tenants,
+        whose increments :meth:`forgot` then moves to ``_other`` unless labelled)."""
+        self._tally(*self._read(core), None)
+
+    def _read(self, core: Any) -> tuple[dict[int | str, Any], list[Any]]:
         """Apply the core's changes since the last pull to the mirror (each changed
-        tenant's row stored as the core gave it: one dict update, the rows compared
-        with the last ones only for what they add up to: the waiting and running
-        requests over every tenant, the active tenants), add what the token tallies
-        grew by to the pending increments by tenant (a tally that went back started again: a tenant
-        forgotten and back), and mark the changed tenants dirty. A core not pulled
-        from before (a new TenantMetrics, another core), or whose reader slot another
-        TenantMetrics pulled from since (:data:`_READERS`), starts the slot again: a
-        full read, after which the tenants no longer there are dropped."""
+        tenant's row stored as the core gave it: one dict update) and mark the
+        changed tenants dirty; ``(changed, old)``: the changed rows by tenant and
+        their rows before, in the same order (:data:`_ZERO` for a tenant not
+        mirrored), for :meth:`_tally`. A core not pulled from before (a new
+        TenantMetrics, another core), or whose reader slot another TenantMetrics
+        pulled from since (:data:`_READERS`), starts the slot again: a full read,
+        after which the tenants no longer there are dropped."""
         reader = _READERS.get(id(core))
         if core is not self._core or reader is None or reader() is not self:
             core.reset_changes(CHANGES_READER)
@@ -454,24 +463,42 @@ class TenantMetrics(Observer):
             gone = [t for t in mirror if t not in changed]
         for tenant in gone:
             self._drop(tenant)
+        old = list(map(mirror.get, changed, repeat(_ZERO)))
+        mirror.update(changed)
+        self._dirty.update(changed)
+        return changed, old
+
+    def _tally(
+        self, changed: dict[int | str, Any], old: list[Any], labelled: set[int | str] | None
+    ) -> None:
+        """Add up what :meth:`_read`'s rows changed by: the waiting and running
+        requests over every tenant, the active tenants, and what the token tallies
+        grew by (a tally that went back started again: a tenant forgotten and back)
+        to the pending increments, by tenant for the tenants in ``labelled`` (every
+        tenant if None), summed into ``_other``'s for the others."""
         prompt, decode = self._prompt, self._decode
-        get = mirror.get
         n_active, waiting, running = self._n_active, self._waiting, self._running
-        for tenant, (_, _, p, d, w, r) in changed.items():
-            _, _, p0, d0, w0, r0 = get(tenant, _ZERO)
+        other_p = other_d = 0
+        for (tenant, (_, _, p, d, w, r)), (_, _, p0, d0, w0, r0) in zip(changed.items(), old):
             if w != w0 or r != r0:
                 waiting += w - w0
                 running += r - r0
                 n_active += bool(w or r) - bool(w0 or r0)
             if p0 > p or d0 > d:
                 p0 = d0 = 0
+            if labelled is not None and tenant not in labelled:
+                other_p += p - p0
+                other_d += d - d0
+                continue
             if p > p0:
                 prompt[tenant] = prompt.get(tenant, 0) + p - p0
             if d > d0:
                 decode[tenant] = decode.get(tenant, 0) + d - d0
         self._n_active, self._waiting, self._running = n_active, waiting, running
-        mirror.update(changed)
-        self._dirty.update(changed)
+        if other_p:
+            prompt[OTHER] = prompt.get(OTHER, 0) + other_p
+        if other_d:
+            decode[OTHER] = decode.get(OTHER, 0) + other_d
 
     def _drop(self, tenant: int | str) -> None:
         """Take a tenant the core forgot out of the mirror."""
