@@ -85,7 +85,7 @@ _log = logging.getLogger("vtc")
 
 #: the reader slot of ``Scheduler.changes`` the metrics use, shared by every
 #: TenantMetrics on one core: one that pulls after another did starts the slot again
-#: (a full read; see :meth:`TenantMetrics._pull`); the slots are assigned in
+#: (a full read; see :meth:`TenantMetrics._read`); the slots are assigned in
 #: :mod:`vtc.config` (the shared-counter sync reads ``SYNC_CHANGES_READER``)
 CHANGES_READER = METRICS_CHANGES_READER
 
