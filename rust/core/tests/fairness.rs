@@ -7,7 +7,7 @@ mod common;
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
-use common::Lcg;
+use common::{scheduler_op, Lcg};
 use vtc_core::fairness::{jain_index, FairnessWindow, Figures};
 use vtc_core::{ClientKey, KeyRef, Policy, Scheduler, Tokens};
 
@@ -147,31 +147,10 @@ fn matches_a_direct_computation_by_key_over_random_workloads() {
         let mut reference = Reference::new(window);
         let tenants = 2 + rng.below(12);
         let (mut rid, mut now) = (0u64, 0.0f64);
-        let mut out = Vec::new();
         let mut gone = Vec::new();
         for _ in 0..400 {
             match rng.below(10) {
-                0..=2 => {
-                    rid += 1;
-                    let k = key(rng.below(tenants));
-                    let _ = s.submit_keyed(rid, &k, 1 + rng.below(50) as i64, 0, None, 0);
-                }
-                3 => {
-                    s.schedule(&mut out);
-                }
-                4 | 5 => {
-                    let running: Vec<u64> = s.running().collect();
-                    if !running.is_empty() {
-                        let _ = s.decode(&running, Tokens::Each(1 + rng.below(20) as i64));
-                    }
-                }
-                6 => {
-                    let running: Vec<u64> = s.running().collect();
-                    if !running.is_empty() {
-                        let r = running[rng.below(running.len() as u64) as usize];
-                        s.finish(r).unwrap();
-                    }
-                }
+                op if scheduler_op(&mut rng, &mut s, op, &mut rid, tenants, key) => {}
                 7 => {
                     if rng.below(3) == 0 {
                         s.forget_idle(&mut gone);

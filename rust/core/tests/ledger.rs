@@ -9,7 +9,7 @@ mod common;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
-use common::Lcg;
+use common::{scheduler_op, Lcg};
 use vtc_core::ledger::{Read, SyncLedger};
 use vtc_core::wire::{parse_changed, push_json, push_json_key};
 use vtc_core::{ClientKey, KeyRef, Policy, Scheduler, Tokens};
@@ -76,31 +76,11 @@ fn matches_a_full_read_by_key_over_random_workloads() {
         let mut waiting: HashSet<ClientKey> = HashSet::new(); // as the caller follows it
         let mut read = Read::default();
         let tenants = 2 + rng.below(10);
-        let (mut rid, mut out, mut forgotten) = (0u64, Vec::new(), Vec::new());
+        let (mut rid, mut forgotten) = (0u64, Vec::new());
         let mut first = true;
         for step in 0..500 {
             match rng.below(12) {
-                0..=2 => {
-                    rid += 1;
-                    let k = key(rng.below(tenants));
-                    let _ = s.submit_keyed(rid, &k, 1 + rng.below(50) as i64, 0, None, 0);
-                }
-                3 => {
-                    s.schedule(&mut out);
-                }
-                4 | 5 => {
-                    let running: Vec<u64> = s.running().collect();
-                    if !running.is_empty() {
-                        let _ = s.decode(&running, Tokens::Each(1 + rng.below(20) as i64));
-                    }
-                }
-                6 => {
-                    let running: Vec<u64> = s.running().collect();
-                    if !running.is_empty() {
-                        let r = running[rng.below(running.len() as u64) as usize];
-                        s.finish(r).unwrap();
-                    }
-                }
+                op if scheduler_op(&mut rng, &mut s, op, &mut rid, tenants, key) => {}
                 7 => {
                     // SharedCounters.forget_idle folds first (what was charged since the
                     // last read counts); a forget without it loses only that

@@ -34,3 +34,43 @@ impl Lcg {
         self.next() % n
     }
 }
+
+/// The scheduler operations the random key-based workloads share (`fairness.rs`,
+/// `ledger.rs`), chosen by `op`: 0-2 a submit (request id `*rid + 1`, a tenant
+/// `key(rng.below(tenants))`, a prompt of 1-50 tokens; refused ones ignored), 3 a
+/// schedule, 4-5 a decode of every running request (1-20 tokens each), 6 the finish
+/// of one running request. Returns false for any other `op`: the caller's own.
+pub fn scheduler_op(
+    rng: &mut Lcg,
+    s: &mut vtc_core::Scheduler,
+    op: u64,
+    rid: &mut u64,
+    tenants: u64,
+    key: impl Fn(u64) -> vtc_core::KeyRef<'static>,
+) -> bool {
+    match op {
+        0..=2 => {
+            *rid += 1;
+            let k = key(rng.below(tenants));
+            let _ = s.submit_keyed(*rid, &k, 1 + rng.below(50) as i64, 0, None, 0);
+        }
+        3 => {
+            s.schedule(&mut Vec::new());
+        }
+        4 | 5 => {
+            let running: Vec<u64> = s.running().collect();
+            if !running.is_empty() {
+                let _ = s.decode(&running, vtc_core::Tokens::Each(1 + rng.below(20) as i64));
+            }
+        }
+        6 => {
+            let running: Vec<u64> = s.running().collect();
+            if !running.is_empty() {
+                let r = running[rng.below(running.len() as u64) as usize];
+                s.finish(r).unwrap();
+            }
+        }
+        _ => return false,
+    }
+    true
+}
