@@ -79,7 +79,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, Union
 
 from vtc._core import MAX_COUNTER, Scheduler, SyncLedger
 from vtc.config import DEFAULT_SYNC_MS, SYNC_CHANGES_READER
@@ -91,6 +91,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vtc.distributed")
 
 Client = Union[int, str]
+_T = TypeVar("_T")
 
 ENV_URL = "VTC_REDIS_URL"
 ENV_NAMESPACE = "VTC_REDIS_NAMESPACE"
@@ -1558,16 +1559,12 @@ class SharedCounters:
             # counter plus it, in one call
             self._read_feed(scheduler)
             extra = dict(zip(_decode_all(got), got.values())) if got else None
-            guard = self.guard
-            if guard is None or guard.acquire(blocking=False):
-                try:
-                    _, skipped = ledger.raise_pulled(scheduler, extra)  # type: ignore[arg-type]
-                finally:
-                    if guard is not None:
-                        guard.release()
-            else:  # a scheduling pass holds the guard: left for apply_deferred
+            done = self._between_passes(lambda: ledger.raise_pulled(scheduler, extra))  # type: ignore[arg-type]
+            if done is None:  # a scheduling pass holds the guard: left for apply_deferred
                 values, skipped = ledger.pulled_values(extra)
                 self._defer(values)
+            else:
+                skipped = done[1]
             self.stats.skipped += skipped
             return
         if not got:
@@ -1591,17 +1588,22 @@ class SharedCounters:
         """One call into the core; with a :attr:`guard` held by an engine's scheduling
         pass, left for :meth:`apply_deferred` instead (a counter only rises, so a raise
         applied a pass later is still right)."""
+        if self._between_passes(lambda: scheduler.raise_counters(raise_to)) is None:
+            self._defer(raise_to)
+
+    def _between_passes(self, apply: Callable[[], _T]) -> _T | None:
+        """``apply()`` (a raise into the core) with the :attr:`guard` held, if no
+        scheduling pass holds it (or without one, when there is no guard); ``None``
+        without calling it when a pass holds it (the caller defers the raise)."""
         guard = self.guard
         if guard is None:
-            scheduler.raise_counters(raise_to)
-            return
-        if guard.acquire(blocking=False):
-            try:
-                scheduler.raise_counters(raise_to)
-            finally:
-                guard.release()
-            return
-        self._defer(raise_to)
+            return apply()
+        if not guard.acquire(blocking=False):
+            return None
+        try:
+            return apply()
+        finally:
+            guard.release()
 
     def _defer(self, raise_to: Mapping[Client, float]) -> None:
         """Leave ``raise_to`` for :meth:`apply_deferred` (the highest value of each)."""
