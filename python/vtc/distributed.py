@@ -1039,6 +1039,9 @@ class SyncStats:
     that it went on under an id of its own. ``feed_reads``, ``feed_full_reads``,
     ``feed_rows``: reads of the core's change feed, how many of them were full, and
     the tenants they returned (changed and gone): what the syncs read of the core.
+    ``cpu_seconds``: the CPU time (``time.thread_time``) of the threads that ran
+    :meth:`SharedCounters.sync`, spent in it; in the background it bounds what the
+    syncs took from the engine thread (the interpreter lock is held for at most it).
     """
 
     syncs: int = 0
@@ -1053,6 +1056,7 @@ class SyncStats:
     feed_reads: int = 0
     feed_full_reads: int = 0
     feed_rows: int = 0
+    cpu_seconds: float = 0.0
     last_error: str | None = None
 
 
@@ -1447,96 +1451,104 @@ class SharedCounters:
         changed since the last read (:meth:`_read_feed`).
         """
         with self._sync_lock:
-            self.attach(scheduler)
-            now = self.clock()
-            feed_wait = isinstance(waiting, _CoreWaiting)
-            if feed_wait and not self._feeding:
-                waiting = [c for c, (w, _) in scheduler.active_clients().items() if w]  # type: ignore[attr-defined]
-                feed_wait = False
-            if self._feeding:
-                snap = self._fold(scheduler)  # every look reads the feed (the waiting set)
-            if feed_wait != self._wmode_feed:  # the waiting set's source changed
-                if feed_wait:
-                    self._fdirty = self._fwait ^ self._acked_wait
-                    self._fleft = self._acked_wait - self._continuous
-                else:
-                    self._continuous = self._acked_wait - self._fleft
-                self._wmode_feed = feed_wait
-            if feed_wait:
-                wait = self._fwait  # kept by the feed reads; not changed until the next
-            else:
-                wait = set(waiting) if waiting is not None else self.waiting(scheduler)  # type: ignore[arg-type]
-                self._continuous &= wait
-            if self._retry_at is not None and now < self._retry_at:
-                return False
-            if not self._feeding:
-                snap = self._fold(scheduler)
-            began = time.perf_counter()
+            cpu = time.thread_time()
             try:
-                reply, pull = self._round_trip(scheduler, wait, feed_wait)
-                for _ in range(2):  # at most: refused as a duplicate, then a resync
-                    if reply.status == "duplicate":
-                        self._rename()
-                    elif reply.status == "resync":
-                        self.stats.resyncs += 1
-                        self._full = True
-                    else:
-                        break
-                    reply, pull = self._round_trip(scheduler, wait, feed_wait)
-                if reply.status != "ok":
-                    raise RuntimeError(f"store answered {reply.status!r} to a full sync")
-                if len(reply.counters) != len(pull):
-                    raise RuntimeError(
-                        f"store answered {len(reply.counters)} counters for {len(pull)} pulled"
-                    )
-                if self.delta and (
-                    isinstance(reply.version, bool)
-                    or not isinstance(reply.version, int)
-                    or reply.version < 0
-                ):
-                    raise RuntimeError(f"store answered version {reply.version!r}")
-                pulled = 0
-                if self._ledger is not None:  # this reply's counters, or none (read here:
-                    # one that cannot be read is a store fault, before anything is acked)
-                    pulled = self._ledger.take_changed(*(reply.changed_raw or (b"{}", b"")))[0]
-            except Exception as e:  # noqa: BLE001 - any store fault means: schedule locally
-                self.durations.append(time.perf_counter() - began)
-                self._fail(now, e)
-                return False
-            self.durations.append(time.perf_counter() - began)
-            if self.degraded:
-                log.warning("vtc: shared counters reachable again; state reconciled")
-            self.degraded = False
-            self._retry_at = None
-            self._epoch = reply.epoch
-            self._full = False
-            self._acked_seq = self._seq
-            if self._ledger is not None:
-                self._ledger.acknowledge()
-            self._unacked = {}
-            if feed_wait:  # the acknowledged set follows the changes only
-                acked, fwait = self._acked_wait, self._fwait
-                for c in self._fdirty:
-                    if c in fwait:
-                        acked.add(c)
-                    else:
-                        acked.discard(c)
-                self._fdirty.clear()
-                self._fleft.clear()
+                return self._sync_locked(scheduler, waiting)
+            finally:
+                self.stats.cpu_seconds += time.thread_time() - cpu
+
+    def _sync_locked(self, scheduler: SchedulerLike, waiting: Waiting) -> bool:
+        """:meth:`sync`, with ``_sync_lock`` held."""
+        self.attach(scheduler)
+        now = self.clock()
+        feed_wait = isinstance(waiting, _CoreWaiting)
+        if feed_wait and not self._feeding:
+            waiting = [c for c, (w, _) in scheduler.active_clients().items() if w]  # type: ignore[attr-defined]
+            feed_wait = False
+        if self._feeding:
+            snap = self._fold(scheduler)  # every look reads the feed (the waiting set)
+        if feed_wait != self._wmode_feed:  # the waiting set's source changed
+            if feed_wait:
+                self._fdirty = self._fwait ^ self._acked_wait
+                self._fleft = self._acked_wait - self._continuous
             else:
-                self._acked_wait = wait
-                self._continuous = set(wait)
-            self._since = reply.version or 0
-            self._cursor = reply.cursor
-            self.floor = reply.floor
-            self.stats.syncs += 1
-            got = dict(reply.changed)
-            for key, g in zip(pull, reply.counters):
-                if g is not None:
-                    got[key] = g
-            self.stats.pulled_tenants += len(got) + pulled
-            self._raise(scheduler, snap, got)
-            return True
+                self._continuous = self._acked_wait - self._fleft
+            self._wmode_feed = feed_wait
+        if feed_wait:
+            wait = self._fwait  # kept by the feed reads; not changed until the next
+        else:
+            wait = set(waiting) if waiting is not None else self.waiting(scheduler)  # type: ignore[arg-type]
+            self._continuous &= wait
+        if self._retry_at is not None and now < self._retry_at:
+            return False
+        if not self._feeding:
+            snap = self._fold(scheduler)
+        began = time.perf_counter()
+        try:
+            reply, pull = self._round_trip(scheduler, wait, feed_wait)
+            for _ in range(2):  # at most: refused as a duplicate, then a resync
+                if reply.status == "duplicate":
+                    self._rename()
+                elif reply.status == "resync":
+                    self.stats.resyncs += 1
+                    self._full = True
+                else:
+                    break
+                reply, pull = self._round_trip(scheduler, wait, feed_wait)
+            if reply.status != "ok":
+                raise RuntimeError(f"store answered {reply.status!r} to a full sync")
+            if len(reply.counters) != len(pull):
+                raise RuntimeError(
+                    f"store answered {len(reply.counters)} counters for {len(pull)} pulled"
+                )
+            if self.delta and (
+                isinstance(reply.version, bool)
+                or not isinstance(reply.version, int)
+                or reply.version < 0
+            ):
+                raise RuntimeError(f"store answered version {reply.version!r}")
+            pulled = 0
+            if self._ledger is not None:  # this reply's counters, or none (read here:
+                # one that cannot be read is a store fault, before anything is acked)
+                pulled = self._ledger.take_changed(*(reply.changed_raw or (b"{}", b"")))[0]
+        except Exception as e:  # noqa: BLE001 - any store fault means: schedule locally
+            self.durations.append(time.perf_counter() - began)
+            self._fail(now, e)
+            return False
+        self.durations.append(time.perf_counter() - began)
+        if self.degraded:
+            log.warning("vtc: shared counters reachable again; state reconciled")
+        self.degraded = False
+        self._retry_at = None
+        self._epoch = reply.epoch
+        self._full = False
+        self._acked_seq = self._seq
+        if self._ledger is not None:
+            self._ledger.acknowledge()
+        self._unacked = {}
+        if feed_wait:  # the acknowledged set follows the changes only
+            acked, fwait = self._acked_wait, self._fwait
+            for c in self._fdirty:
+                if c in fwait:
+                    acked.add(c)
+                else:
+                    acked.discard(c)
+            self._fdirty.clear()
+            self._fleft.clear()
+        else:
+            self._acked_wait = wait
+            self._continuous = set(wait)
+        self._since = reply.version or 0
+        self._cursor = reply.cursor
+        self.floor = reply.floor
+        self.stats.syncs += 1
+        got = dict(reply.changed)
+        for key, g in zip(pull, reply.counters):
+            if g is not None:
+                got[key] = g
+        self.stats.pulled_tenants += len(got) + pulled
+        self._raise(scheduler, snap, got)
+        return True
 
     def _raise(
         self, scheduler: SchedulerLike, snap: Mapping[Client, float], got: dict[str, float]

@@ -136,3 +136,30 @@ def test_decode_all_is_decode_of_each():
     keys = [D.encode(c) for c in (0, -5, 10**20, "", "i:7", "s:x", "é", "a,b", "0")]
     assert D._decode_all(keys) == [D.decode(k) for k in keys]
     assert D._decode_all(keys) == [0, -5, 10**20, "", "i:7", "s:x", "é", "a,b", "0"]
+
+
+def test_the_cpu_of_syncs_is_counted_also_when_one_fails(redis_server):
+    """``stats.cpu_seconds`` adds each sync's CPU time (the bound on what background
+    syncs take from the engine thread), a failed one's too, and nothing else."""
+    n = 1000
+    s = vtc.Scheduler(1 << 20)
+    for c in range(n):
+        s.submit(c, f"tenant-{c}", 10)
+    s.schedule()
+    sh = D.SharedCounters(store(redis_server, "cpu"), replica_id="r0")
+    assert sh.stats.cpu_seconds == 0.0
+    assert sh.sync(s, D.CORE_WAITING)
+    first = sh.stats.cpu_seconds
+    assert first > 0.0
+    sum(range(200_000))  # CPU outside a sync is not counted
+    assert sh.stats.cpu_seconds == first
+
+    class Down:
+        def sync(self, req):
+            sum(range(50_000))  # the failing store's own work is the sync's
+            raise ConnectionError("down")
+
+    sh.store = Down()
+    assert not sh.sync(s, D.CORE_WAITING)
+    assert sh.stats.failures == 1
+    assert sh.stats.cpu_seconds > first
