@@ -246,13 +246,23 @@ def test_shared_counter_defaults_and_every_variable():
         "VTC_SYNC_LIVENESS_MS": "2500.5",
         "VTC_SYNC_RETRY_MS": " 200 ",
         "VTC_SYNC_FORGET_MS": "1500.2",
+        "VTC_SYNC_CPU_SHARE": " 0.25 ",
     }
     assert set(env) == set(C.SHARED_VARIABLES)
+    ignored = (
+        "VTC_SYNC_CPU_SHARE='0.25' is ignored: VTC_SYNC_MODE=step syncs on the engine "
+        "thread every VTC_SYNC_INTERVAL steps; the share bounds the background thread's "
+        "syncs (VTC_SYNC_MODE=background)",
+    )
     assert C.shared_counter_settings(env) == C.SharedCounterSettings(
         url="rediss://user:pw@redis.example:6380/2", namespace="prod", sync_interval=4,
         sync_ms=25.5, replica_id="r-1", timeout_ms=250.0, mode="step", liveness_ms=2501,
-        retry_ms=200.0, forget_ms=1501,
+        retry_ms=200.0, forget_ms=1501, cpu_share=0.25, ignored=ignored,
     )  # fmt: skip
+    background = {**env, "VTC_SYNC_MODE": "background", "VTC_SYNC_INTERVAL": " "}
+    settings = C.shared_counter_settings(background)
+    assert settings is not None and settings.cpu_share == 0.25 and settings.ignored == ()
+    assert C.shared_counter_settings({**background, "VTC_SYNC_CPU_SHARE": "1"}).cpu_share == 1.0
     assert C.EngineConfig.from_env(env).shared == C.shared_counter_settings(env)
     assert C.EngineConfig.from_env({}).shared is None
     longest = {"VTC_REDIS_URL": url, "VTC_REDIS_NAMESPACE": "n" * 256}
@@ -288,6 +298,10 @@ BAD_SHARED = [
     ({"VTC_SYNC_RETRY_MS": "-1"}, "VTC_SYNC_RETRY_MS='-1' is out of range"),
     ({"VTC_SYNC_FORGET_MS": "0"}, "VTC_SYNC_FORGET_MS='0' is out of range"),
     ({"VTC_SYNC_FORGET_MS": "inf"}, "VTC_SYNC_FORGET_MS='inf' is out of range"),
+    ({"VTC_SYNC_CPU_SHARE": "0"}, r"_SHARE='0' is out of range; expected a number in \(0, 1\]"),
+    ({"VTC_SYNC_CPU_SHARE": "1.5"}, "VTC_SYNC_CPU_SHARE='1.5' is out of range"),
+    ({"VTC_SYNC_CPU_SHARE": "nan"}, "VTC_SYNC_CPU_SHARE='nan' is out of range"),
+    ({"VTC_SYNC_CPU_SHARE": "1%"}, "VTC_SYNC_CPU_SHARE='1%' is not a number; expected a number in"),
 ]  # fmt: skip
 
 

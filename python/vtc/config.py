@@ -63,6 +63,10 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
 ``VTC_SYNC_FORGET_MS``     the store forgets the counter of a tenant no replica
                            has had waiting or charged this long, once it is at
                            most the global floor; > 0 (60000)
+``VTC_SYNC_CPU_SHARE``     background syncs: the most of the time their CPU may
+                           take; a sync that cost more than this share of its
+                           period stretches the pause after it, a number in
+                           (0, 1] (0.01)
 =========================  =====================================================
 
 :func:`check_env` validates all of them at once; the engines call it at start-up,
@@ -145,6 +149,7 @@ SHARED_VARIABLES = (
     "VTC_SYNC_LIVENESS_MS",
     "VTC_SYNC_RETRY_MS",
     "VTC_SYNC_FORGET_MS",
+    "VTC_SYNC_CPU_SHARE",
 )
 
 #: Longest ``VTC_REDIS_NAMESPACE`` (``vtc.distributed.check_namespace``'s rule).
@@ -392,6 +397,21 @@ def _positive(env: Mapping[str, str], name: str) -> float | None:
     return value
 
 
+def _share(env: Mapping[str, str], name: str) -> float | None:
+    """A number in (0, 1], or None when the variable is unset or blank."""
+    text = _text(env, name)
+    if text is None:
+        return None
+    allowed = "a number in (0, 1]"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a number; expected {allowed}") from None
+    if not 0.0 < value <= 1.0:  # False for nan
+        raise ConfigError(f"{name}={text!r} is out of range; expected {allowed}")
+    return value
+
+
 def _metrics_mode(env: Mapping[str, str]) -> str:
     text = _text(env, "VTC_METRICS")
     if text is None:
@@ -487,6 +507,10 @@ class EngineConfig:
 
 # -- shared counters (vtc.distributed) ------------------------------------------------------
 
+#: The most of the time the background syncs' CPU may take without ``VTC_SYNC_CPU_SHARE``
+#: (the interpreter lock they can hold is what they take from the engine thread).
+DEFAULT_SYNC_CPU_SHARE = 0.01
+
 
 @dataclass(frozen=True)
 class SharedCounterSettings:
@@ -502,6 +526,7 @@ class SharedCounterSettings:
     liveness_ms: int = 10_000  # silent this long: taken for dead, reaped by the others
     retry_ms: float = 1000.0  # after a failure, the store is left alone this long
     forget_ms: int = 60_000  # idle this long (and at most the floor): the store forgets it
+    cpu_share: float = DEFAULT_SYNC_CPU_SHARE  # background: most of the time their CPU takes
     #: Variables set that this mode does not read, one sentence each; the engine
     #: logs them as warnings when sharing starts (a setting is never ignored silently).
     ignored: tuple[str, ...] = ()
@@ -589,6 +614,13 @@ def shared_counter_settings(
             "thread every VTC_SYNC_MS milliseconds; set VTC_SYNC_MODE=step to sync every "
             "VTC_SYNC_INTERVAL engine steps"
         )
+    share = _text(env, "VTC_SYNC_CPU_SHARE")
+    if mode == "step" and share is not None:
+        ignored.append(
+            f"VTC_SYNC_CPU_SHARE={share!r} is ignored: VTC_SYNC_MODE=step syncs on the engine "
+            "thread every VTC_SYNC_INTERVAL steps; the share bounds the background thread's "
+            "syncs (VTC_SYNC_MODE=background)"
+        )
     settings = SharedCounterSettings(
         url=url or "",
         namespace=namespace,
@@ -600,6 +632,7 @@ def shared_counter_settings(
         liveness_ms=math.ceil(_positive(env, "VTC_SYNC_LIVENESS_MS") or 10_000),
         retry_ms=_positive(env, "VTC_SYNC_RETRY_MS") or 1000.0,
         forget_ms=math.ceil(_positive(env, "VTC_SYNC_FORGET_MS") or 60_000),
+        cpu_share=_share(env, "VTC_SYNC_CPU_SHARE") or DEFAULT_SYNC_CPU_SHARE,
         ignored=tuple(ignored),
     )
     period = settings.sync_ms or DEFAULT_SYNC_MS

@@ -82,7 +82,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, Union
 
 from vtc._core import MAX_COUNTER, Scheduler, SyncLedger
-from vtc.config import DEFAULT_SYNC_MS, SYNC_CHANGES_READER
+from vtc.config import DEFAULT_SYNC_CPU_SHARE, DEFAULT_SYNC_MS, SYNC_CHANGES_READER
 
 if TYPE_CHECKING:
     import redis
@@ -1042,6 +1042,8 @@ class SyncStats:
     ``cpu_seconds``: the CPU time (``time.thread_time``) of the threads that ran
     :meth:`SharedCounters.sync`, spent in it; in the background it bounds what the
     syncs took from the engine thread (the interpreter lock is held for at most it).
+    ``stretched``: pauses of the background thread made longer than its period, so
+    that its syncs' CPU stays within ``cpu_share`` of the time.
     """
 
     syncs: int = 0
@@ -1057,6 +1059,7 @@ class SyncStats:
     feed_full_reads: int = 0
     feed_rows: int = 0
     cpu_seconds: float = 0.0
+    stretched: int = 0
     last_error: str | None = None
 
 
@@ -1096,7 +1099,9 @@ class SharedCounters:
     (the scheduler runs as a local VTC meanwhile). ``forget_ms``: the store
     forgets the counter of a tenant no replica has had waiting or charged for
     that long once it is at most the global floor (it would return to the
-    floor anyway): the store's memory follows the live tenants.  ``replica_id`` names this
+    floor anyway): the store's memory follows the live tenants.  ``cpu_share``: the
+    background thread (:meth:`start`) pauses long enough after each sync that its
+    syncs' CPU is at most this share of the time.  ``replica_id`` names this
     replica; it must be unique among live replicas (the default is
     host-pid-random). A restarted replica may keep its id: the store tells
     incarnations apart. Two live ones with one id are told apart too: the
@@ -1122,6 +1127,7 @@ class SharedCounters:
         liveness_ms: int = 10_000,
         retry_ms: float = 1000.0,
         forget_ms: int = 60_000,
+        cpu_share: float = DEFAULT_SYNC_CPU_SHARE,
         clock: Callable[[], float] | None = None,
         delta: bool = True,
         feed: bool = True,
@@ -1137,6 +1143,11 @@ class SharedCounters:
         self.sync_ms = sync_ms
         if isinstance(forget_ms, bool) or not isinstance(forget_ms, int) or forget_ms < 0:
             raise ValueError(f"forget_ms must be an int >= 0, got {forget_ms!r}")
+        if isinstance(cpu_share, bool) or not isinstance(cpu_share, (int, float)):
+            raise TypeError(f"cpu_share must be a number in (0, 1], got {cpu_share!r}")
+        if not 0.0 < cpu_share <= 1.0:  # False for nan
+            raise ValueError(f"cpu_share must be in (0, 1], got {cpu_share!r}")
+        self.cpu_share = float(cpu_share)
         self.liveness_ms = liveness_ms
         self.retry_ms = retry_ms
         self.forget_ms = forget_ms
@@ -1753,7 +1764,8 @@ class SharedCounters:
         waiting: Callable[[], Iterable[Client]] | _CoreWaiting | None = None,
     ) -> None:
         """Sync from a daemon thread every ``interval_ms`` (default ``sync_ms``, else
-        :data:`vtc.config.DEFAULT_SYNC_MS`: 50 ms).
+        :data:`vtc.config.DEFAULT_SYNC_MS`: 50 ms), or less often when a sync's CPU
+        would take more than ``cpu_share`` of the time (:meth:`_pause_after`).
 
         The engine thread then never waits on the store at all (the core is
         thread-safe); do not also call ``on_step``. ``waiting``, if given, is
@@ -1768,7 +1780,9 @@ class SharedCounters:
         self._stop.clear()
 
         def loop() -> None:
-            while not self._stop.wait(period):
+            pause = period
+            while not self._stop.wait(pause):
+                cpu, began = self.stats.cpu_seconds, time.perf_counter()
                 try:
                     w: Waiting = waiting() if callable(waiting) else waiting
                     self.sync(scheduler, w)
@@ -1778,9 +1792,28 @@ class SharedCounters:
                         self._loop_error_logged = True
                     with self._sync_lock:
                         self._fail(self.clock(), e)
+                pause = self._pause_after(
+                    period, self.stats.cpu_seconds - cpu, time.perf_counter() - began
+                )
 
         self._thread = threading.Thread(target=loop, name="vtc-shared-counters", daemon=True)
         self._thread.start()
+
+    # A background sync holds the interpreter lock for at most its CPU time, which is
+    # then taken from the engine thread. The pause after a sync keeps that within
+    # cpu_share of the time: over a sync and the pause after it,
+    #     cpu <= cpu_share * (wall + pause),
+    # so pause >= cpu / cpu_share - wall, and never shorter than the period. It is capped
+    # at a quarter of liveness_ms, so that however long a sync takes, the others never
+    # take this replica for dead between two of its syncs (the share is then exceeded).
+    def _pause_after(self, period: float, cpu: float, wall: float) -> float:
+        """Seconds to wait before the next background sync, after one that took
+        ``cpu`` seconds of CPU and ``wall`` seconds (``period``: the configured pause)."""
+        needed = cpu / self.cpu_share - wall
+        if needed <= period:
+            return period
+        self.stats.stretched += 1
+        return min(needed, max(period, self.liveness_ms / 4000))
 
     def stop(self, scheduler: SchedulerLike | None = None) -> None:
         """Stop the background thread; with ``scheduler``, push a last sync."""
@@ -1803,7 +1836,8 @@ def from_env(
     ``VTC_SYNC_INTERVAL`` (steps, default 10), ``VTC_SYNC_MS`` (optional; the
     background period, default 50), ``VTC_REPLICA_ID`` (default host-pid-random),
     ``VTC_REDIS_TIMEOUT_MS`` (socket timeouts, default 100), ``VTC_SYNC_LIVENESS_MS``
-    (default 10000), ``VTC_SYNC_RETRY_MS`` (default 1000), parsed by
+    (default 10000), ``VTC_SYNC_RETRY_MS`` (default 1000), ``VTC_SYNC_FORGET_MS``
+    (default 60000), ``VTC_SYNC_CPU_SHARE`` (default 0.01), parsed by
     :func:`vtc.config.shared_counter_settings`: a malformed one raises
     :class:`vtc.config.ConfigError` naming it.  Creating it does not contact Redis.
     """
@@ -1843,6 +1877,7 @@ def from_settings(
         liveness_ms=settings.liveness_ms,
         retry_ms=settings.retry_ms,
         forget_ms=settings.forget_ms,
+        cpu_share=settings.cpu_share,
     )
     shared.mode = settings.mode
     return shared

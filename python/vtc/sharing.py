@@ -106,7 +106,8 @@ class SharedCounterSync(Observer):
         """One line for the start-up log."""
         s = self.shared
         if self.background:
-            how = f"every {self.interval_ms or s.sync_ms or DEFAULT_SYNC_MS:g} ms in the background"
+            period = self.interval_ms or s.sync_ms or DEFAULT_SYNC_MS
+            how = f"every {period:g} ms in the background (their CPU at most {s.cpu_share:.1%})"
         else:
             how = f"every {s.sync_interval} steps"
         store: Any = s.store
