@@ -36,12 +36,15 @@ test: test-core test-package test-sglang test-vllm
 test-package: dev
 	$(BIN)/python -m pytest -q -o addopts=-ra tests/package
 
-## test-core: the fast suite: the Rust core's cargo tests, pytest (with Redis), ruff, clippy,
-## and mypy's stubtest: python/vtc/_core.pyi against the built extension (no drift)
+## test-core: the fast suite: the Rust core's cargo tests, pytest (with Redis), ruff (lint and
+## format), rustfmt, clippy, and mypy's stubtest: python/vtc/_core.pyi against the built
+## extension (no drift)
 test-core: system-deps dev
 	cargo test --release -p vtc-core
 	$(BIN)/python -m pytest -q
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	cargo fmt --all --check
 	$(BIN)/python -m mypy.stubtest vtc._core
 	cargo clippy -p vtc-core -p vtc-python --all-targets -- -D warnings
 

@@ -163,7 +163,10 @@ impl RunIndex {
             let mut i = self.home(e.rid) & mask;
             while i != j {
                 if self.table[i].slot == FREE {
-                    return Err(format!("running index: id {} is cut off from its home", e.rid));
+                    return Err(format!(
+                        "running index: id {} is cut off from its home",
+                        e.rid
+                    ));
                 }
                 if self.table[i].rid == e.rid {
                     return Err(format!("running index: id {} twice", e.rid));
