@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +33,8 @@ from typing import Any
 import pytest
 from tiny_model import make_tiny_llama
 
+from redis_server import free_port  # tests/, on the path (conftest)
+
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin"
 #: a server starts in 40-65 s here, up to 150 s on a loaded machine
@@ -43,12 +44,6 @@ READY_LINE = "The server is fired up and ready to roll!"
 #: a condition on the server's records (a queue length, a response)
 DEADLINE = 600.0
 PROMPT = [11, 22, 33, 44, 55, 66, 77, 88]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +65,7 @@ class Server:
         args: tuple[str, ...] = ("--max-running-requests", "1"),
     ) -> None:
         self.plugin = plugin
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         environ = dict(os.environ)

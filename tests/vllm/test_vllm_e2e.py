@@ -40,7 +40,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,8 @@ from typing import Any
 import aiohttp
 import pytest
 from vllm_harness import stop_server
+
+from redis_server import free_port  # tests/, on the path (conftest)
 
 HERE = Path(__file__).resolve().parent
 MAX_NUM_SEQS = 4
@@ -72,12 +73,6 @@ BURST_REQUESTS = 64
 REQUEST_TIMEOUT = 900.0  # seconds, per HTTP request
 RUN_DEADLINE = 1000.0  # seconds, for one workload run
 STARTUP_TIMEOUT = 300.0  # seconds, for a server to answer /health
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
@@ -98,7 +93,7 @@ def vllm_server(
 
     ``args`` are appended to the command line, ``env_extra`` to its environment;
     ``trace`` None writes no tenant trace."""
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         str(HERE / "vllm_serve.py"),

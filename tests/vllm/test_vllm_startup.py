@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,12 @@ from pathlib import Path
 import pytest
 from vllm_harness import stop_server
 
+from redis_server import free_port  # tests/, on the path (conftest)
+
 HERE = Path(__file__).resolve().parent
 ENTRY_POINT = "vtc.vllm_plugin:validate"  # [project.entry-points."vllm.general_plugins"] vtc
 LOADING = "Starting to load model"  # vLLM's log line as the worker starts loading weights
 STARTUP_TIMEOUT = 300.0  # seconds: a deadline for a condition, never a wait
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _plugin_env(tmp_path: Path) -> dict[str, str]:
@@ -61,7 +56,7 @@ def _serve(model: Path, log_path: Path, env: dict[str, str]) -> subprocess.Popen
         "--host",
         "127.0.0.1",
         "--port",
-        str(_free_port()),
+        str(free_port()),
         "--skip-tokenizer-init",
         "--dtype",
         "float32",
