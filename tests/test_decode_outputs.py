@@ -123,3 +123,25 @@ def test_decode_with_a_list_takes_every_int_form():
         with pytest.raises(exc, match=msg):
             s.decode(bad, 1)
         assert state(s, [0]) == before
+
+
+def test_every_kind_of_token_container_is_counted():
+    """An exact list or tuple is sized directly (the fast path), anything else
+    with a ``__len__`` or an int as before."""
+
+    class Tokens(list):
+        pass
+
+    class Sized:
+        def __len__(self):
+            return 4
+
+    held = [[7, 7], (7, 7, 7), Tokens([7]), Sized(), 5, []]
+    keys = [f"k{i}" for i in range(len(held))]
+    s = running_scheduler([vtc.key_id(k) for k in keys])
+    s.decode_outputs(
+        [SimpleNamespace(request_id=k, new_token_ids=h) for k, h in zip(keys, held)],
+        {},
+        missing="hash",
+    )
+    assert [s.generated(vtc.key_id(k)) for k in keys] == [2, 3, 1, 4, 5, 0]

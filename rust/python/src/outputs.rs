@@ -6,7 +6,7 @@
 
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::convert::{has_special, i64_arg, repr, request_id_arg, type_error};
 use crate::errors::{invalid, Error, Kind, Result};
@@ -91,7 +91,15 @@ impl Outputs {
                 }
             };
             let produced = output_attr(i, &out, &tokens_name)?;
-            let n = if let Ok(n) = produced.cast_exact::<PyInt>() {
+            // The usual object, an exact list (vLLM's `new_token_ids`), is
+            // sized without the type lookups of the general path (which
+            // looks `__len__` up by name on each object's type: most of
+            // the cost of reading an output).
+            let n = if let Ok(list) = produced.cast_exact::<PyList>() {
+                list.len() as i64
+            } else if let Ok(tuple) = produced.cast_exact::<PyTuple>() {
+                tuple.len() as i64
+            } else if let Ok(n) = produced.cast_exact::<PyInt>() {
                 i64_arg(tokens_attr, n.as_any())?
             } else {
                 if !has_special(&produced, "__len__") {
