@@ -145,3 +145,76 @@ def test_every_kind_of_token_container_is_counted():
         missing="hash",
     )
     assert [s.generated(vtc.key_id(k)) for k in keys] == [2, 3, 1, 4, 5, 0]
+
+
+def test_decode_uniform_charges_what_decode_outputs_charges():
+    keys = [f"req-{i}" for i in range(30)]
+    rids = [vtc.key_id(k) for k in keys]
+    for t in (1, 3):
+        a, b = running_scheduler(rids), running_scheduler(rids)
+        outputs = [out(k, t) for k in keys]
+        assert a.decode_uniform(outputs) is True
+        b.decode_outputs(outputs, {}, missing="hash")
+        assert state(a, rids) == state(b, rids)
+        a._check_invariants()
+    # tuples and ints, a custom attribute
+    a, b = running_scheduler(rids[:2]), running_scheduler(rids[:2])
+    items = [SimpleNamespace(n=(7, 7)), SimpleNamespace(n=2)]
+    assert a.decode_uniform(items, tokens_attr="n") is True
+    b.decode(rids[:2], 2)
+    assert state(a, rids[:2]) == state(b, rids[:2])
+
+
+def test_decode_uniform_inside_predictions_charges_what_decode_outputs_charges():
+    keys = [f"req-{i}" for i in range(12)]
+    rids = [vtc.key_id(k) for k in keys]
+    pair = []
+    for _ in range(2):
+        s = vtc.Scheduler(M=1_000_000, predictor="mean")
+        for i, rid in enumerate(rids):  # some inside a prediction, some not
+            s.submit(rid, f"c{i % 3}", 10, predicted_output=(0, 2, 50)[i % 3])
+        assert len(s.schedule()) == len(rids)
+        pair.append(s)
+    a, b = pair
+    for t in (1, 2, 1):
+        outputs = [out(k, t) for k in keys]
+        assert a.decode_uniform(outputs) is True
+        b.decode_outputs(outputs, {}, missing="hash")
+        assert state(a, rids) == state(b, rids)
+    a._check_invariants()
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        [out("a", 1)],  # fewer outputs than running requests
+        [out("a", 1), out("b", 1), out("c", 1)],  # more
+        [out("a", 1), out("b", 2)],  # counts differ
+        [out("a", 0), out("b", 0)],  # nothing generated
+        (out("a", 1), out("b", 1)),  # not a list
+        [out("a", 1), SimpleNamespace(request_id="b")],  # no tokens attribute
+        [out("a", 1), SimpleNamespace(new_token_ids=type("L", (list,), {})([7]))],  # subclass
+        [out("a", 1), SimpleNamespace(new_token_ids=1.0)],  # not a count
+        [],
+    ],
+)
+def test_decode_uniform_charges_nothing_unless_uniform_over_the_running_set(outputs):
+    s = running_scheduler([1, 2])
+    before = state(s, [1, 2])
+    assert s.decode_uniform(outputs) is False
+    assert state(s, [1, 2]) == before
+
+
+def test_decode_uniform_leaves_a_getters_error_to_decode_outputs():
+    class Output:
+        request_id = "a"
+
+        @property
+        def new_token_ids(self):
+            raise RuntimeError("engine bug")
+
+    s = running_scheduler([1])
+    assert s.decode_uniform([Output()]) is False  # decode_outputs reports it
+    with pytest.raises(RuntimeError, match="engine bug"):
+        s.decode_outputs([Output()], {}, missing="hash")
+    assert s.generated(1) == 0

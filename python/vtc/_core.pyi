@@ -478,6 +478,17 @@ class Scheduler:
         (default 1), without passing ids: the charges of ``decode(<every running
         id>, tokens)``. No capacity check; all or nothing.
         """
+    def decode_uniform(self, outputs: Any, /, *, tokens_attr: str = "new_token_ids") -> bool:
+        """Engine form of ``decode_all`` for an engine step's output objects whose
+        requests the caller knows to be distinct running requests (their ids are
+        not read, so this is not checked).
+
+        If ``outputs`` is a list of exactly ``num_running`` objects that each hold
+        the same number ``t >= 1`` of tokens (``len(obj.<tokens_attr>)`` of an exact
+        list or tuple, or an exact int), charges ``decode_all(t)`` (the charges of
+        ``decode_outputs`` for them) and returns True; otherwise charges nothing and
+        returns False, and the caller reads the ids (``decode_outputs``).
+        """
     def decode_outputs(
         self,
         outputs: Iterable[Any],

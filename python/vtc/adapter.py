@@ -284,6 +284,8 @@ class Requests:
         self._aside_seq = 0
         #: calls here that changed (or may have changed) the core, so far
         self.changes = 0
+        #: steps :meth:`charge_outputs` charged without reading ids, so far
+        self.uniform_steps = 0
         self._count = 0
         self._count_at = -1  # ``changes`` when _count was read (-1: never)
         self._head: Tracked | None = None
@@ -594,6 +596,8 @@ class Requests:
         outputs: list[Any],
         id_attr: str = "request_id",
         tokens_attr: str = "new_token_ids",
+        *,
+        running: bool = False,
     ) -> None:
         """Charge one step's output objects: ``len(out.<tokens_attr>)`` tokens to
         the request keyed ``out.<id_attr>``.
@@ -603,6 +607,14 @@ class Requests:
         with no Python-level loop. It charges nothing when an output is not
         from a running request or a request repeats (it is all or nothing);
         that step is then charged output by output (:meth:`charge_keys`).
+
+        ``running``: the caller knows that every output is from a distinct
+        request running in the core (the engine's structure says so; nothing
+        here checks it). A step with as many outputs as there are running
+        requests, each with the same number of tokens (most decode steps: one
+        each), is then charged without reading an id (``decode_uniform``:
+        ``decode_all`` in the core, O(running tenants)), counted in
+        :attr:`uniform_steps`; any other step as above.
         """
         if not outputs:
             return
@@ -611,9 +623,16 @@ class Requests:
         if self._change():  # counters move, no request: the count stays known
             self._moved(0)
         try:
-            self.core.decode_outputs(
-                outputs, self.overrides, missing="hash", id_attr=id_attr, tokens_attr=tokens_attr
-            )
+            if running and self.core.decode_uniform(outputs, tokens_attr=tokens_attr):
+                self.uniform_steps += 1
+            else:
+                self.core.decode_outputs(
+                    outputs,
+                    self.overrides,
+                    missing="hash",
+                    id_attr=id_attr,
+                    tokens_attr=tokens_attr,
+                )
         except _CHARGE_ERRORS:
             self.charge_keys(zip(map(ids, outputs), map(len, map(counts, outputs))))
             return

@@ -237,16 +237,23 @@ class VTCRequestQueue(RequestQueue):
         """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
         self.requests.charge_keys(produced.items())
 
-    def record_outputs(self, outputs: Iterable[Any], finished: Iterable[str] | None = None) -> None:
+    def record_outputs(
+        self,
+        outputs: Iterable[Any],
+        finished: Iterable[str] | None = None,
+        running: bool = False,
+    ) -> None:
         """One step's ``EngineCoreOutputs``: charge the tokens each request produced
         (:meth:`vtc.adapter.Requests.charge_outputs`), then forget the ones that
         finished: ``finished``, the ids vLLM freed (``finished_req_ids``), else
-        the outputs with a ``finish_reason``."""
+        the outputs with a ``finish_reason``. ``running``: every output is from a
+        distinct request running in the core (``charge_outputs``; the scheduler
+        knows when, :meth:`_VTCMixin.update_from_output`)."""
         groups = list(outputs)  # one per API-server client: one here
         outs = groups[0].outputs if len(groups) == 1 else [o for g in groups for o in g.outputs]
         if not outs:
             return
-        self.requests.charge_outputs(outs)
+        self.requests.charge_outputs(outs, running=running)
         if finished is None:
             finished = [out.request_id for out in outs if out.finish_reason is not None]
         for request_id in finished:
@@ -335,21 +342,47 @@ class _VTCMixin:
         """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
         return self.vtc_tenancy.arrive(tenant_fields(request, self.vtc_config.tenant_key))
 
+    #: the output of the last ``schedule()`` and ``Requests.changes`` then, while
+    #: vLLM's running list and the core's running set have as many requests
+    #: (None otherwise): see :meth:`update_from_output`
+    _vtc_scheduled: tuple[Any, int] | None = None
+
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's step (one locality pass: each waiting request's prefix hit is
         asked once), then settle the step's last provisional pop."""
         with self.vtc_adapter.selecting():
             output = super().schedule(*args, **kwargs)
         self.waiting.settle(output.num_scheduled_tokens)
+        requests = self.waiting.requests
+        same = len(self.running) == self.vtc.num_running
+        self._vtc_scheduled = (output, requests.changes) if same else None
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        """vLLM's update, then charge the tokens produced and release finished requests."""
+        """vLLM's update, then charge the tokens produced and release finished requests.
+
+        When this updates the output of the last ``schedule()`` and the core has
+        not changed since (no abort, preemption, arrival or finish in between,
+        nor during vLLM's update), every output is from a distinct request
+        running in the core: vLLM makes one output per request it scheduled
+        (its ``num_scheduled_tokens`` keys; an error output holds no token),
+        it scheduled only requests of its running list, and that list is the
+        core's running set (this queue moves every request in and out of
+        both; the counts are compared at ``schedule()``). The charge then
+        reads no id when the step is uniform (``charge_outputs(running=True)``).
+        Not with async scheduling: the next ``schedule()`` comes first."""
         self.waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        scheduled, self._vtc_scheduled = self._vtc_scheduled, None
+        running = (
+            scheduled is not None
+            and scheduled[0] is scheduler_output
+            and scheduled[1] == self.waiting.requests.changes
+        )
         # The requests vLLM freed since its last schedule(): this step's finishes
         # (and aborts, which finish_requests already forgot).
-        self.waiting.record_outputs(outputs.values(), getattr(self, "finished_req_ids", None))
+        finished = getattr(self, "finished_req_ids", None)
+        self.waiting.record_outputs(outputs.values(), finished, running)
         self.vtc_adapter.step_done()  # observers: the trace, shared counters, metrics
         return outputs
 

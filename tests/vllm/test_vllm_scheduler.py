@@ -537,6 +537,91 @@ def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:
     assert q.entry(c.request_id) is None and core.num_running == 2
 
 
+class _PerIdScheduler(VTCScheduler):
+    """VTCScheduler that always charges by reading the outputs' ids."""
+
+    def schedule(self, *args, **kwargs):
+        output = super().schedule(*args, **kwargs)
+        self._vtc_scheduled = None  # never the uniform charge
+        return output
+
+
+def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
+    """The uniform charge (``charge_outputs(running=True)``: ``decode_all``, no id
+    read) against the same scheduler charging by id, on one seeded workload
+    that mixes every kind of step: uniform (one token each, or two), prefill
+    chunks (no output), finishes (the last token), preemptions, mixed counts
+    (speculative decoding), aborts between ``schedule()`` and the update, and
+    arrivals. Every tenant's counter and service, bit for bit, after every
+    step; the uniform charge is taken on uniform steps only."""
+    import random
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    config = vllm_config(model_dir, max_num_seqs=8, max_num_batched_tokens=96)
+    fast = make_scheduler(VTCScheduler, config, num_blocks=16)  # 256 tokens: preemptions
+    slow = make_scheduler(_PerIdScheduler, config, num_blocks=16)
+    rng = random.Random(5)
+    arrivals = 0
+
+    def arrive() -> None:
+        nonlocal arrivals
+        arrivals += 1
+        tenant, prompt_len, rid = f"t{rng.randrange(4)}", rng.randint(8, 80), f"r{arrivals}"
+        prompt = [3 + rng.randrange(500) for _ in range(prompt_len)]
+        max_tokens = rng.choice((1, 2, rng.randint(3, 150)))
+        for s in (fast, slow):
+            s.add_request(make_request(tenant, 8, max_tokens, prompt=prompt, request_id=rid))
+
+    for _ in range(12):
+        arrive()
+    kinds: dict[str, int] = {}
+    preempted = finished = 0
+    for n in range(400):
+        kind = rng.choice(("one", "one", "one", "two", "mixed", "abort"))
+        outputs = [s.schedule() for s in (fast, slow)]
+        assert outputs[0].num_scheduled_tokens == outputs[1].num_scheduled_tokens
+        preempted += len(outputs[0].preempted_req_ids or ())
+        if kind == "abort" and fast.running:
+            victim = rng.choice(fast.running).request_id
+            for s in (fast, slow):
+                s.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+        ids = list(outputs[0].num_scheduled_tokens)
+        counts = {"one": 1, "two": 2}
+        sampled = []
+        for rid in ids:
+            k = counts.get(kind, rng.randint(1, 3))
+            request = fast.requests.get(rid)  # None: aborted (vLLM skips its output)
+            sampled.append([] if request is not None and request.is_prefill_chunk else [7] * k)
+        before = fast.waiting.requests.uniform_steps
+        running = fast.vtc.num_running
+        got = []
+        for s, out in zip((fast, slow), outputs):
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[list(x) for x in sampled],
+            )
+            got.append([o for g in s.update_from_output(out, runner).values() for o in g.outputs])
+        assert fast.tenant_counters() == slow.tenant_counters(), n
+        assert fast.tenant_services() == slow.tenant_services(), n
+        uniform = fast.waiting.requests.uniform_steps > before
+        if uniform:  # an output from every running request, all of one count
+            assert len(got[0]) == running == len(ids) and kind != "abort"
+            assert len({len(o.new_token_ids) for o in got[0]}) == 1
+        finished += sum(o.finish_reason is not None for o in got[0])
+        kinds[f"{kind}:{uniform}"] = kinds.get(f"{kind}:{uniform}", 0) + 1
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            arrive()
+    for s in (fast, slow):
+        core_ids_consistent(s)
+    assert slow.waiting.requests.uniform_steps == 0
+    # each kind of step was met, and uniform steps were charged both ways
+    assert kinds["one:True"] and kinds["two:True"] and kinds["one:False"], kinds
+    assert kinds["mixed:False"] and kinds["abort:False"], kinds
+    assert preempted and finished, (preempted, finished)
+
+
 def test_one_class_name_runs_as_vllms_scheduler_of_the_configured_mode(
     model_dir: str, monkeypatch
 ) -> None:

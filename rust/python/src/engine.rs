@@ -17,7 +17,7 @@ use crate::convert::{
 };
 use crate::errors::{invalid, Error, Result};
 use crate::lookup::PyLookup;
-use crate::outputs::{missing_arg, Outputs};
+use crate::outputs::{missing_arg, uniform_count, Outputs};
 use crate::{PyScheduler, DETACH_MIN};
 
 /// The core's engine-form `decode`, with the GIL released for a batch of at
@@ -310,6 +310,39 @@ impl PyScheduler {
             &read.rids,
             Tokens::PerRequest(&read.tokens),
         )
+    }
+
+    /// Engine form of `decode_all` for an engine step's output objects whose
+    /// requests the caller knows to be distinct running requests (the ids
+    /// are not read, so this is not checked): if `outputs` is a list of
+    /// exactly `num_running` objects that each hold the same number `t >= 1`
+    /// of tokens (`uniform_count`), charges `decode_all(t)`, the charges of
+    /// `decode_outputs` for them, and returns true; otherwise charges
+    /// nothing and returns false (the caller then reads the ids:
+    /// `decode_outputs`). O(outputs) attribute reads, O(running clients) in
+    /// the core.
+    #[pyo3(signature = (outputs, /, *, tokens_attr = "new_token_ids"))]
+    fn decode_uniform(
+        &self,
+        py: Python<'_>,
+        outputs: &Bound<'_, PyAny>,
+        tokens_attr: &str,
+    ) -> Result<bool> {
+        // read before the lock: attribute reads may run Python code
+        let Some((n, t)) = uniform_count(outputs, tokens_attr) else {
+            return Ok(false);
+        };
+        let mut g = self.lock(py)?;
+        if t < 1 || n != g.core.num_running() {
+            return Ok(false);
+        }
+        if n >= DETACH_MIN {
+            // as `decode_all`: inside predictions it walks the requests
+            py.detach(|| g.core.decode_all(t))?;
+        } else {
+            g.core.decode_all(t)?;
+        }
+        Ok(true)
     }
 
     fn finish(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {
