@@ -4,13 +4,16 @@ the collector the engines' ``/metrics`` use (``MultiProcessCollector``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from vtc import multiproc
 from vtc.multiproc import SeriesFiles
 
 
@@ -56,10 +59,12 @@ def test_removed_series_leave_the_directory_and_the_rest_keep_their_values(direc
     assert {dict(labels)["tenant"] for _, labels in seen} == {"a", "c"}
     assert seen[("t_tokens_total", frozenset({("tenant", "c")}))] == 7
     assert seen[("t_waiting", frozenset({("tenant", "a")}))] == 3
-    assert sorted(p.name for p in directory.iterdir()) == [
+    # the files the collector reads (*.db; beside them the spares, *.next: module doc)
+    assert sorted(p.name for p in directory.glob("*.db")) == [
         f"counter_{os.getpid()}-vtc.db",
         f"gauge_livesum_{os.getpid()}-vtc.db",
     ]
+    assert {p.suffix for p in directory.iterdir()} <= {".db", ".next"}
 
 
 def test_the_engines_own_values_stay_in_prometheus_client_files(directory, monkeypatch):
@@ -171,3 +176,151 @@ def test_the_files_read_back_with_prometheus_clients_own_readers(directory):
         assert seen[("t_tokens_total", frozenset({("tenant", name)}))] == value
     for i, name in enumerate(names[300:], start=300):
         assert seen[("t_waiting", frozenset({("tenant", name)}))] == -i
+
+
+# -- what blocks on the filesystem is off the caller's thread (module doc) ---------------
+
+DEADLINE = 60.0  # seconds a condition is waited for (a loaded machine included)
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {DEADLINE} s: {what}"
+        time.sleep(0.001)
+
+
+def churn(files: SeriesFiles, tokens: Counter, i: int) -> None:
+    """A tenant labelled, then removed and the files compacted (rewritten)."""
+    with files.creating():
+        tokens.labels(f"one-off-{i}").inc(1)
+    files.remove(f"one-off-{i}")
+    files.compact()
+
+
+def test_a_replaced_file_is_closed_off_the_callers_thread(directory, monkeypatch):
+    """Closing a replaced file frees its inode, which can wait on the disk: the
+    worker's thread closes it, not the thread that compacts (the engine's)."""
+    closed: list[threading.Thread] = []
+    close = multiproc._File.close
+
+    def recorded(self):
+        closed.append(threading.current_thread())
+        close(self)
+
+    monkeypatch.setattr(multiproc._File, "close", recorded)
+    files = SeriesFiles(str(directory))
+    tokens, _ = served(files, CollectorRegistry())
+    for i in range(3):
+        churn(files, tokens, i)
+    wait_until(lambda: len(closed) >= 3, "the three replaced counter files closed")
+    assert threading.current_thread() not in closed
+
+
+def test_a_rewrite_fills_a_spare_made_off_the_callers_thread(directory, monkeypatch):
+    """Once the worker made a type's spare, a rewrite of that type creates no file on
+    the caller's thread (it fills the spare and renames it), and the values read back."""
+    made: list[tuple[threading.Thread, str]] = []
+    init = multiproc._File.__init__
+
+    def recorded(self, path, *args, **kwargs):
+        made.append((threading.current_thread(), path))
+        init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(multiproc._File, "__init__", recorded)
+    files = SeriesFiles(str(directory))
+    tokens, _ = served(files, CollectorRegistry())
+    with files.creating():
+        stays = tokens.labels("stays")
+    stays.inc(2)
+    churn(files, tokens, 0)  # the first rewrite asks for the next spare
+    counter = files.path("counter")
+    wait_until(
+        lambda: (
+            any(p.startswith(counter) and p.endswith(".next") for _, p in made)
+            and files._worker.ready
+        ),
+        "the counter file's spare made",
+    )
+    made.clear()
+    churn(files, tokens, 1)
+    stays.inc(3)
+    assert threading.current_thread() not in [t for t, _ in made]
+    assert collect(directory) == {("t_tokens_total", frozenset({("tenant", "stays")})): 5}
+
+
+def test_rewrites_stay_right_while_the_worker_is_behind(directory, monkeypatch):
+    """With the worker stuck on a close, rewrites make their own files: every
+    compaction still leaves exactly the series not removed, and once the worker
+    goes on every replaced file is closed."""
+    release = threading.Event()
+    closed: list[object] = []
+    close = multiproc._File.close
+
+    def slow(self):
+        release.wait(DEADLINE)
+        close(self)
+        closed.append(self)
+
+    monkeypatch.setattr(multiproc._File, "close", slow)
+    files = SeriesFiles(str(directory))
+    tokens, waiting = served(files, CollectorRegistry())
+    with files.creating():
+        stays = tokens.labels("stays")
+        waiting.labels("stays").set(4)
+    try:
+        for i in range(20):
+            stays.inc(1)
+            churn(files, tokens, i)
+            assert collect(directory) == {
+                ("t_tokens_total", frozenset({("tenant", "stays")})): i + 1,
+                ("t_waiting", frozenset({("tenant", "stays")})): 4,
+            }
+    finally:
+        release.set()
+    wait_until(lambda: len(closed) >= 20, "the 20 replaced counter files closed")
+
+
+def test_spares_are_removed_with_their_series_files(directory):
+    files = SeriesFiles(str(directory))
+    tokens, _ = served(files, CollectorRegistry())
+    churn(files, tokens, 0)
+    wait_until(lambda: list(directory.glob("*.next")), "a spare made")
+    del files, tokens
+    gc.collect()
+    wait_until(lambda: not list(directory.glob("*.next")), "the spares removed")
+    assert collect(directory) == {}  # the counter file left as it was: no series
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_rewrites_its_own_files(directory):
+    """A child forked after the worker started (its thread is not in the child) writes
+    and rewrites files of its own: from zero, as prometheus_client's values do."""
+    files = SeriesFiles(str(directory))
+    tokens, _ = served(files, CollectorRegistry())
+    with files.creating():
+        stays = tokens.labels("stays")
+    stays.inc(7)
+    churn(files, tokens, 0)
+    wait_until(lambda: files._worker.ready, "the parent's spare made")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            stays.inc(2)
+            for i in range(1, 4):
+                churn(files, tokens, i)
+            files._worker.jobs.put(None)  # its spares removed before it exits
+            files._worker._thread.join(DEADLINE)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stays.inc(1)
+    churn(files, tokens, 9)
+    assert {p.name for p in directory.glob("*.db")} == {
+        f"counter_{os.getpid()}-vtc.db",
+        f"counter_{pid}-vtc.db",
+    }
+    assert collect(directory) == {("t_tokens_total", frozenset({("tenant", "stays")})): 7 + 1 + 2}
