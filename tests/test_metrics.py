@@ -770,3 +770,76 @@ def test_a_label_value_stays_with_its_holder_until_the_core_forgets_it():
     assert 1 not in core.clients() and "1" in core.clients()
     metrics.refresh(view, 4.0)
     assert_series_of(registry, core, "1", "1", tokens=False)
+
+
+def vtc_samples(registry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every vtc sample a scrape reads (counters' ``_created`` times left out; NaN as
+    a string, to compare equal)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): "nan" if math.isnan(s.value) else s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name.startswith("vtc_") and not s.name.endswith("_created")
+    }
+
+
+def test_series_made_and_removed_past_prometheus_clients_checks_read_the_same(
+    where, tmp_path, monkeypatch
+):
+    """A refresh makes and removes series through ``_Families.child`` and ``remove``
+    (prometheus_client's children dict, not its labels() and remove()): with labels
+    changing at every refresh a scrape reads the same as through labels() and
+    remove() (``_patterns`` None: what it falls back to)."""
+    import random
+
+    runs = []
+    for fast in (True, False):
+        if where is not None:
+            directory = tmp_path / f"prom-{fast}"
+            directory.mkdir()
+            monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+        rng = random.Random(7)
+        adapter, metrics, registry, clock = setup(M=10**9, max_tenants=5, window=1e6)
+        if not fast:
+            metrics._families._patterns = None
+        names = [f"t{i:02}" for i in range(30)]
+        running = serve(adapter, names)
+        adapter.step_done()
+        seen = []
+        for _ in range(20):
+            hot = set(rng.sample(names, 3))
+            adapter.requests.charge(
+                [(running[n], rng.randint(1, 50 if n in hot else 5)) for n in names]
+            )
+            clock.now += 1.0
+            adapter.step_done()
+            seen.append(vtc_samples(registry))
+        runs.append(seen)
+        if fast:  # the fast path taken: a pattern child for each family used
+            f = metrics._families
+            assert {id(f.service), id(f.counter), id(f.weight), id(f.requests)} == set(f._patterns)
+    assert runs[0] == runs[1]
+    assert len({tuple(sorted({dict(k[1]).get("tenant") for k in s} - {None})) for s in runs[0]}) > 1
+
+
+def test_a_series_made_past_labels_is_the_one_labels_returns():
+    registry = CollectorRegistry()
+    metrics = TenantMetrics(registry, interval=0.0)
+    families = metrics._families
+    with families.creating():
+        first = families.child(families.requests, ("a", "waiting"))  # by labels(): the pattern
+        second = families.child(families.requests, ("b", "waiting"))
+        assert families.child(families.requests, ("b", "waiting")) is second
+        assert families.requests.labels("b", "waiting") is second
+    second.set(3)
+    assert first._value is not second._value and first._value.get() == 0
+    assert second._labelvalues == ("b", "waiting")
+    families.remove(families.requests, ("b", "waiting"))
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:  # vtc's files: removed by tenant (what TenantMetrics._remove does)
+        families.files.remove("b")
+        families.files.compact()
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)
+    assert value(registry, "vtc_tenant_requests", tenant="b", state="waiting") is None
+    assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") == 0

@@ -162,6 +162,12 @@ class _Families:
             **live,
         )
         self.labelled = (self.service, self.counter, self.weight, self.requests, self.preemptions)
+        self.by_id = {id(m): m for m in self.labelled}
+        # a child made by labels() of each labelled family, the pattern of the next
+        # ones (:meth:`child`); none: prometheus_client's internals not as expected
+        self._patterns: dict[int, Any] | None = (
+            {} if all(map(_has_children_dict, self.labelled)) else None
+        )
         self.unlabelled = (
             self.active,
             self.jain,
@@ -170,6 +176,55 @@ class _Families:
             self.sync_seconds,
             self.sync_degraded,
         )
+
+    # A tenant that gains a label gets ~6 series and one that loses it loses them:
+    # through prometheus_client's labels() and remove() ~10-20 us each (labels()
+    # builds the child through the metric's constructor, validating its name and
+    # label names again; remove() looks the multiprocess variables up in the
+    # environment), the largest part of a refresh with labels changing. These two
+    # do what those calls do to the family's children (a dict under its lock, a
+    # child made as labels() makes it) without the checks, which the first child
+    # of each family passed; with prometheus_client's internals not as expected,
+    # they call labels() and remove().
+    def child(self, metric: Any, labelvalues: tuple[str, ...]) -> Any:
+        """``metric.labels(*labelvalues)`` (str values, the right count), made in
+        :meth:`creating`."""
+        patterns = self._patterns
+        pattern = None if patterns is None else patterns.get(id(metric))
+        if pattern is None:
+            child = metric.labels(*labelvalues)
+            if patterns is not None:
+                patterns[id(metric)] = child
+            return child
+        with metric._lock:
+            child = metric._metrics.get(labelvalues)
+            if child is None:
+                child = object.__new__(type(pattern))
+                child.__dict__.update(pattern.__dict__)  # name, labels, docs, mode
+                child._labelvalues = labelvalues
+                child._metric_init()  # its own value (and a counter's creation time)
+                metric._metrics[labelvalues] = child
+        return child
+
+    def remove(self, metric: Any, labelvalues: tuple[str, ...]) -> None:
+        """``metric.remove(*labelvalues)`` (str values, the right count)."""
+        if self._patterns is None:
+            metric.remove(*labelvalues)
+            return
+        with metric._lock:
+            metric._metrics.pop(labelvalues, None)
+
+
+def _has_children_dict(metric: Any) -> bool:
+    """Whether a labelled family keeps its children as :meth:`_Families.child` expects
+    (as prometheus_client 0.26 does): a dict of label values to children under a
+    lock, each child's value made by its ``_metric_init``."""
+    return (
+        isinstance(getattr(metric, "_metrics", None), dict)
+        and hasattr(metric, "_lock")
+        and callable(getattr(metric, "_metric_init", None))
+        and getattr(metric, "_labelvalues", None) == ()
+    )
 
 
 #: a mirror row of a tenant not mirrored yet: nothing counted
@@ -615,8 +670,9 @@ class TenantMetrics(Observer):
         key = (id(metric), *labels)
         entry = series.get(key)
         if entry is None:
-            with self._families.creating():
-                entry = series[key] = [metric.labels(_label(tenant), *labels), None]
+            families = self._families
+            with families.creating():
+                entry = series[key] = [families.child(metric, (_label(tenant), *labels)), None]
         return entry
 
     def _row(self, tenant: int | str) -> tuple[list[Any], ...]:
@@ -644,14 +700,15 @@ class TenantMetrics(Observer):
         series = self._series.pop(tenant, None)
         if series is None:
             return
-        metrics = {id(m): m for m in self._families.labelled}
+        families = self._families
+        metrics, remove = families.by_id, families.remove
         label = _label(tenant)
         for metric_id, *labels in series:
             try:
-                metrics[metric_id].remove(label, *labels)
+                remove(metrics[metric_id], (label, *labels))
             except KeyError:  # pragma: no cover - already gone
                 pass
-        files = self._families.files
+        files = families.files
         if files is not None:
             files.remove(label)
 
