@@ -843,3 +843,20 @@ def test_a_series_made_past_labels_is_the_one_labels_returns():
         MultiProcessCollector(registry, path=directory)
     assert value(registry, "vtc_tenant_requests", tenant="b", state="waiting") is None
     assert value(registry, "vtc_tenant_requests", tenant="a", state="waiting") == 0
+
+
+def test_the_private_path_is_taken_only_for_a_tested_prometheus_client(monkeypatch):
+    """_Families.child/remove use prometheus_client's children dict only for the
+    version the suites test (0.26); any other version gets labels() and remove()."""
+    from vtc import metrics as M
+
+    assert M._children_tested("0.26.0") and M._children_tested("0.26.3")
+    assert not any(map(M._children_tested, ["0.25.1", "0.27.0", "1.26.0", "0.2", ""]))
+    assert M._CHILDREN_TESTED == M._children_tested(M._prometheus_version())
+    monkeypatch.setattr(M, "_CHILDREN_TESTED", False)
+    metrics = TenantMetrics(CollectorRegistry(), interval=0.0)
+    families = metrics._families
+    assert families._patterns is None
+    with families.creating():
+        child = families.child(families.requests, ("a", "waiting"))
+    assert child is families.requests.labels("a", "waiting")

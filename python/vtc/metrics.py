@@ -61,6 +61,7 @@ SGLang serve a scheduler process's metrics) the series live in files of vtc's ow
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import math
 import os
@@ -166,7 +167,7 @@ class _Families:
         # a child made by labels() of each labelled family, the pattern of the next
         # ones (:meth:`child`); none: prometheus_client's internals not as expected
         self._patterns: dict[int, Any] | None = (
-            {} if all(map(_has_children_dict, self.labelled)) else None
+            {} if _CHILDREN_TESTED and all(map(_has_children_dict, self.labelled)) else None
         )
         self.unlabelled = (
             self.active,
@@ -213,6 +214,26 @@ class _Families:
             return
         with metric._lock:
             metric._metrics.pop(labelvalues, None)
+
+
+def _children_tested(version: str) -> bool:
+    """Whether :meth:`_Families.child` was tested against prometheus_client ``version``
+    (its private layout of children): 0.26, what the test suites install. Any other
+    version gets labels() and remove(), slower and safe."""
+    parts = version.split(".")
+    return parts[:2] == ["0", "26"]
+
+
+def _prometheus_version() -> str:
+    try:
+        return importlib.metadata.version("prometheus_client")
+    except importlib.metadata.PackageNotFoundError:  # vendored or renamed: not tested
+        return ""
+
+
+#: :meth:`_Families.child` and :meth:`_Families.remove` take prometheus_client's
+#: private path only for a version they were tested against
+_CHILDREN_TESTED = _children_tested(_prometheus_version())
 
 
 def _has_children_dict(metric: Any) -> bool:
