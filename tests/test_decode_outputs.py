@@ -95,17 +95,20 @@ def test_bad_input_charges_nothing(outputs, ids, kwargs, exc, msg):
     s._check_invariants()
 
 
+class BrokenOutput:
+    """An engine's output whose token getter raises."""
+
+    request_id = "a"
+
+    @property
+    def new_token_ids(self):
+        raise RuntimeError("engine bug")
+
+
 def test_an_error_raised_by_a_getter_propagates_unchanged():
-    class Output:
-        request_id = "a"
-
-        @property
-        def new_token_ids(self):
-            raise RuntimeError("engine bug")
-
     s = running_scheduler([1])
     with pytest.raises(RuntimeError, match="engine bug"):
-        s.decode_outputs([Output()], {"a": 1})
+        s.decode_outputs([BrokenOutput()], {"a": 1})
     assert s.generated(1) == 0
 
 
@@ -206,15 +209,8 @@ def test_decode_uniform_charges_nothing_unless_uniform_over_the_running_set(outp
 
 
 def test_decode_uniform_leaves_a_getters_error_to_decode_outputs():
-    class Output:
-        request_id = "a"
-
-        @property
-        def new_token_ids(self):
-            raise RuntimeError("engine bug")
-
     s = running_scheduler([1])
-    assert s.decode_uniform([Output()]) is False  # decode_outputs reports it
+    assert s.decode_uniform([BrokenOutput()]) is False  # decode_outputs reports it
     with pytest.raises(RuntimeError, match="engine bug"):
-        s.decode_outputs([Output()], {}, missing="hash")
+        s.decode_outputs([BrokenOutput()], {}, missing="hash")
     assert s.generated(1) == 0

@@ -87,7 +87,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,34 +382,31 @@ def _count(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _positive(env: Mapping[str, str], name: str) -> float | None:
-    """A finite number > 0, or None when the variable is unset or blank."""
+def _ranged(
+    env: Mapping[str, str], name: str, allowed: str, in_range: Callable[[float], bool]
+) -> float | None:
+    """A number for which ``in_range`` holds (``allowed`` says which, in the error), or
+    None when the variable is unset or blank."""
     text = _text(env, name)
     if text is None:
         return None
-    allowed = "a finite number > 0"
     try:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{name}={text!r} is not a number; expected {allowed}") from None
-    if not (math.isfinite(value) and value > 0.0):
+    if not in_range(value):
         raise ConfigError(f"{name}={text!r} is out of range; expected {allowed}")
     return value
+
+
+def _positive(env: Mapping[str, str], name: str) -> float | None:
+    """A finite number > 0, or None when the variable is unset or blank."""
+    return _ranged(env, name, "a finite number > 0", lambda v: math.isfinite(v) and v > 0.0)
 
 
 def _share(env: Mapping[str, str], name: str) -> float | None:
     """A number in (0, 1], or None when the variable is unset or blank."""
-    text = _text(env, name)
-    if text is None:
-        return None
-    allowed = "a number in (0, 1]"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number; expected {allowed}") from None
-    if not 0.0 < value <= 1.0:  # False for nan
-        raise ConfigError(f"{name}={text!r} is out of range; expected {allowed}")
-    return value
+    return _ranged(env, name, "a number in (0, 1]", lambda v: 0.0 < v <= 1.0)  # nan: False
 
 
 def _metrics_mode(env: Mapping[str, str]) -> str:
