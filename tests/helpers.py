@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
+
+DEADLINE_S = 60.0  # generous: the 2-core machine may be busy with other work
+
+
+def wait_for(cond, what: str, timeout: float = DEADLINE_S, every: float = 0.01) -> None:
+    """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds.
+    ``every`` only spaces the polls: this is a wait for a condition."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(every)
 
 
 def state(s, rids=(), tokens: bool = True) -> dict:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from helpers import DEADLINE_S, wait_for
 from vtc import multiproc
 from vtc.multiproc import SeriesFiles
 
@@ -180,15 +180,6 @@ def test_the_files_read_back_with_prometheus_clients_own_readers(directory):
 
 # -- what blocks on the filesystem is off the caller's thread (module doc) ---------------
 
-DEADLINE = 60.0  # seconds a condition is waited for (a loaded machine included)
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {DEADLINE} s: {what}"
-        time.sleep(0.001)
-
 
 def churn(files: SeriesFiles, tokens: Counter, i: int) -> None:
     """A tenant labelled, then removed and the files compacted (rewritten)."""
@@ -213,7 +204,7 @@ def test_a_replaced_file_is_closed_off_the_callers_thread(directory, monkeypatch
     tokens, _ = served(files, CollectorRegistry())
     for i in range(3):
         churn(files, tokens, i)
-    wait_until(lambda: len(closed) >= 3, "the three replaced counter files closed")
+    wait_for(lambda: len(closed) >= 3, "the three replaced counter files closed")
     assert threading.current_thread() not in closed
 
 
@@ -235,7 +226,7 @@ def test_a_rewrite_fills_a_spare_made_off_the_callers_thread(directory, monkeypa
     stays.inc(2)
     churn(files, tokens, 0)  # the first rewrite asks for the next spare
     counter = files.path("counter")
-    wait_until(
+    wait_for(
         lambda: (
             any(p.startswith(counter) and p.endswith(".next") for _, p in made)
             and files._worker.ready
@@ -258,7 +249,7 @@ def test_rewrites_stay_right_while_the_worker_is_behind(directory, monkeypatch):
     close = multiproc._File.close
 
     def slow(self):
-        release.wait(DEADLINE)
+        release.wait(DEADLINE_S)
         close(self)
         closed.append(self)
 
@@ -278,17 +269,17 @@ def test_rewrites_stay_right_while_the_worker_is_behind(directory, monkeypatch):
             }
     finally:
         release.set()
-    wait_until(lambda: len(closed) >= 20, "the 20 replaced counter files closed")
+    wait_for(lambda: len(closed) >= 20, "the 20 replaced counter files closed")
 
 
 def test_spares_are_removed_with_their_series_files(directory):
     files = SeriesFiles(str(directory))
     tokens, _ = served(files, CollectorRegistry())
     churn(files, tokens, 0)
-    wait_until(lambda: list(directory.glob("*.next")), "a spare made")
+    wait_for(lambda: list(directory.glob("*.next")), "a spare made")
     del files, tokens
     gc.collect()
-    wait_until(lambda: not list(directory.glob("*.next")), "the spares removed")
+    wait_for(lambda: not list(directory.glob("*.next")), "the spares removed")
     assert collect(directory) == {}  # the counter file left as it was: no series
 
 
@@ -302,7 +293,7 @@ def test_a_forked_child_rewrites_its_own_files(directory):
         stays = tokens.labels("stays")
     stays.inc(7)
     churn(files, tokens, 0)
-    wait_until(lambda: files._worker.ready, "the parent's spare made")
+    wait_for(lambda: files._worker.ready, "the parent's spare made")
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 1
@@ -311,7 +302,7 @@ def test_a_forked_child_rewrites_its_own_files(directory):
             for i in range(1, 4):
                 churn(files, tokens, i)
             files._worker.jobs.put(None)  # its spares removed before it exits
-            files._worker._thread.join(DEADLINE)
+            files._worker._thread.join(DEADLINE_S)
             code = 0
         finally:
             os._exit(code)

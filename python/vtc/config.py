@@ -581,6 +581,24 @@ def _sync_mode(env: Mapping[str, str]) -> str:
     return text.lower()
 
 
+#: (variable, the sync mode that does not read it, why): set in that mode, it is
+#: listed in ``SharedCounterSettings.ignored`` (the engine logs it as a warning)
+_UNREAD_IN_MODE = (
+    (
+        "VTC_SYNC_INTERVAL",
+        "background",
+        "VTC_SYNC_MODE=background syncs from a thread every VTC_SYNC_MS milliseconds; set "
+        "VTC_SYNC_MODE=step to sync every VTC_SYNC_INTERVAL engine steps",
+    ),
+    (
+        "VTC_SYNC_CPU_SHARE",
+        "step",
+        "VTC_SYNC_MODE=step syncs on the engine thread every VTC_SYNC_INTERVAL steps; the "
+        "share bounds the background thread's syncs (VTC_SYNC_MODE=background)",
+    ),
+)
+
+
 def shared_counter_settings(
     environ: Mapping[str, str] | None = None,
 ) -> SharedCounterSettings | None:
@@ -604,20 +622,10 @@ def shared_counter_settings(
         )
     mode = _sync_mode(env)
     ignored = []
-    interval = _text(env, "VTC_SYNC_INTERVAL")
-    if mode == "background" and interval is not None:
-        ignored.append(
-            f"VTC_SYNC_INTERVAL={interval!r} is ignored: VTC_SYNC_MODE=background syncs from a "
-            "thread every VTC_SYNC_MS milliseconds; set VTC_SYNC_MODE=step to sync every "
-            "VTC_SYNC_INTERVAL engine steps"
-        )
-    share = _text(env, "VTC_SYNC_CPU_SHARE")
-    if mode == "step" and share is not None:
-        ignored.append(
-            f"VTC_SYNC_CPU_SHARE={share!r} is ignored: VTC_SYNC_MODE=step syncs on the engine "
-            "thread every VTC_SYNC_INTERVAL steps; the share bounds the background thread's "
-            "syncs (VTC_SYNC_MODE=background)"
-        )
+    for name, unread_in, why in _UNREAD_IN_MODE:
+        text = _text(env, name)
+        if mode == unread_in and text is not None:
+            ignored.append(f"{name}={text!r} is ignored: {why}")
     settings = SharedCounterSettings(
         url=url or "",
         namespace=namespace,

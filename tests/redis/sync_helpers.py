@@ -5,22 +5,10 @@ lose) sync replies."""
 from __future__ import annotations
 
 import itertools
-import time
 
 import vtc
+from helpers import DEADLINE_S, wait_for  # noqa: F401 - tests/helpers.py, for these tests
 from vtc import distributed as D
-
-DEADLINE_S = 60.0  # generous: the 2-core machine may be busy with other work
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE_S, every: float = 0.01) -> None:
-    """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds.
-    ``every`` only spaces the polls: this is a wait for a condition."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(every)
-
 
 _rid = itertools.count(1 << 40)  # request ids no test file picks by itself
 
