@@ -23,6 +23,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -236,3 +237,66 @@ def test_engine_step_with_sync(benchmark, url, tenants, mode):
             sync_cpu_ms_per_sync=1000 * cpu / max(n, 1),
             sync_cpu_share=cpu / wall,
         )
+
+
+def _engine_time_lost(eng, shared, waiting, pairs: int, block: int) -> dict:
+    """Blocks of ``block`` engine steps, alternately with the background thread
+    running and stopped (``pairs`` of each). Per block: the engine thread's time off
+    the CPU (wall minus its ``thread_time``): with the thread stopped ~0, with it
+    running what the syncs took through the interpreter lock (and the cores)."""
+    off_cpu: dict[bool, list[float]] = {True: [], False: []}
+    step_us: dict[bool, list[float]] = {True: [], False: []}
+    sync_share = []
+    syncs0, cpu0 = shared.stats.round_trips, shared.stats.cpu_seconds
+    for pair in range(pairs):
+        for on in (True, False) if pair % 2 else (False, True):
+            if on:
+                c0 = shared.stats.cpu_seconds
+                shared.start(eng.s, interval_ms=BACKGROUND_MS, waiting=waiting)
+            w0, t0 = time.perf_counter(), time.thread_time()
+            for _ in range(block):
+                eng.step()
+            wall, cpu = time.perf_counter() - w0, time.thread_time() - t0
+            if on:
+                shared.stop()
+                sync_share.append((shared.stats.cpu_seconds - c0) / wall)
+            off_cpu[on].append((wall - cpu) / wall)
+            step_us[on].append(1e6 * wall / block)
+    med = statistics.median
+    syncs = shared.stats.round_trips - syncs0
+    sync_cpu = shared.stats.cpu_seconds - cpu0
+    return {
+        "syncs": syncs,
+        "sync_cpu_ms_per_sync": 1000 * sync_cpu / max(syncs, 1),
+        "engine_off_cpu_share_with_sync": med(off_cpu[True]),
+        "engine_off_cpu_share_without": med(off_cpu[False]),
+        "engine_time_lost": med(off_cpu[True]) - med(off_cpu[False]),
+        "sync_cpu_share": med(sync_share),
+        "step_us_median_with_sync": med(step_us[True]),
+        "step_us_median_without": med(step_us[False]),
+    }
+
+
+@pytest.mark.parametrize("cpu_share", [0.005, 0.01])
+def test_engine_time_lost_to_background_sync(benchmark, url, cpu_share):
+    """What the background sync takes from the engine thread, measured on that thread:
+    the share of its wall time it spends off the CPU (waiting for the interpreter lock
+    or a core) with the sync thread running, minus the same without it, over alternated
+    blocks of the same engine (1,000 tenants, every one charged between two syncs).
+    The step's own time is too noisy for this: two blocks of the same engine differ by
+    a few percent with no sync at all."""
+    eng = Engine(vtc.Scheduler(200_000, 1.0, 2.0), 1000, 20_000, seed=1, refills=2_000_000)
+    st = D.RedisStore.from_url(url, f"lost-{cpu_share}", timeout_ms=5000)
+    shared = D.SharedCounters(st, replica_id="bench", cpu_share=cpu_share)
+    sync = SharedCounterSync(eng.s, shared, background=False)
+    for _ in range(2000):
+        eng.step()
+    shared.sync(eng.s, sync.waiting())  # the first (full) sync is done
+    benchmark.group = "engine thread's time lost to background syncs, C=1000"
+    result = benchmark.pedantic(
+        _engine_time_lost,
+        args=(eng, shared, sync._waiting, 8, 40_000),
+        rounds=1,
+        iterations=1,
+    )
+    benchmark.extra_info.update(cpu_share=cpu_share, **result)

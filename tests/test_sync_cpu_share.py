@@ -69,7 +69,7 @@ def test_the_pause_keeps_the_syncs_cpu_within_the_share():
     assert slow._pause_after(0.4, 1.0, 1.0) == 0.4
     whole = D.SharedCounters(D.LocalStore(), cpu_share=1.0)
     assert whole._pause_after(0.05, 0.03, 0.03) == 0.05  # a share of 1: never stretched
-    assert D.SharedCounters(D.LocalStore()).cpu_share == DEFAULT_SYNC_CPU_SHARE == 0.01
+    assert D.SharedCounters(D.LocalStore()).cpu_share == DEFAULT_SYNC_CPU_SHARE == 0.005
 
 
 def test_the_background_thread_pauses_longer_after_a_costly_sync():

@@ -66,7 +66,7 @@ Shared counters across replicas (:mod:`vtc.distributed`) are configured by
 ``VTC_SYNC_CPU_SHARE``     background syncs: the most of the time their CPU may
                            take; a sync that cost more than this share of its
                            period stretches the pause after it, a number in
-                           (0, 1] (0.01)
+                           (0, 1] (0.005)
 =========================  =====================================================
 
 :func:`check_env` validates all of them at once; the engines call it at start-up,
@@ -506,7 +506,7 @@ class EngineConfig:
 
 #: The most of the time the background syncs' CPU may take without ``VTC_SYNC_CPU_SHARE``
 #: (the interpreter lock they can hold is what they take from the engine thread).
-DEFAULT_SYNC_CPU_SHARE = 0.01
+DEFAULT_SYNC_CPU_SHARE = 0.005
 
 
 @dataclass(frozen=True)

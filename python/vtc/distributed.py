@@ -1837,7 +1837,7 @@ def from_env(
     background period, default 50), ``VTC_REPLICA_ID`` (default host-pid-random),
     ``VTC_REDIS_TIMEOUT_MS`` (socket timeouts, default 100), ``VTC_SYNC_LIVENESS_MS``
     (default 10000), ``VTC_SYNC_RETRY_MS`` (default 1000), ``VTC_SYNC_FORGET_MS``
-    (default 60000), ``VTC_SYNC_CPU_SHARE`` (default 0.01), parsed by
+    (default 60000), ``VTC_SYNC_CPU_SHARE`` (default 0.005), parsed by
     :func:`vtc.config.shared_counter_settings`: a malformed one raises
     :class:`vtc.config.ConfigError` naming it.  Creating it does not contact Redis.
     """

@@ -272,7 +272,7 @@ def test_a_sync_interval_the_mode_does_not_read_is_logged_at_start(redis_server,
         if mode == "background":
             assert settings.ignored and warned == [f"VTC: {settings.ignored[0]}"]
             assert "VTC_SYNC_INTERVAL='3' is ignored" in warned[0]
-            tail = "every 20 ms in the background (their CPU at most 1.0%)"
+            tail = "every 20 ms in the background (their CPU at most 0.5%)"
             assert started and started[0].endswith(tail)
         else:
             assert settings.ignored == () and warned == []
