@@ -17,6 +17,7 @@ import vtc
 from vtc import distributed as D
 from vtc._core import SyncLedger
 from vtc.config import SYNC_CHANGES_READER
+from vtc.redis_store import _json_list
 
 _rid = itertools.count(1)
 
@@ -64,7 +65,7 @@ def test_the_push_is_what_python_encoded():
     want = {D.encode(c): s.service(c) for c in NAMES}
     assert got == want
     assert ledger.pushed() == want
-    assert json.loads(D._json_list(list(want)).decode("utf-8", "surrogatepass")) == list(want)
+    assert json.loads(_json_list(list(want)).decode("utf-8", "surrogatepass")) == list(want)
     ledger.acknowledge()
     assert ledger.push_json() == (b"[]", 0) and len(ledger) == 0
     ledger.check()

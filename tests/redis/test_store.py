@@ -11,6 +11,8 @@ import pytest
 
 import vtc
 from vtc import distributed as D
+from vtc import redis_store as redis_module
+from vtc import store as store_module
 from vtc.sim import metrics, workloads
 from vtc.sim.replicas import pinned_router, simulate_replicas
 
@@ -47,8 +49,13 @@ def test_distributed_does_not_import_the_simulator():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    # not even under TYPE_CHECKING or inside a function
-    tree = ast.parse(open(D.__file__, encoding="utf-8").read())
+    # not even under TYPE_CHECKING or inside a function, nor in the modules it is made of
+    for module in (D, store_module, redis_module):
+        _assert_no_simulator_import(module.__file__)
+
+
+def _assert_no_simulator_import(path: str) -> None:
+    tree = ast.parse(open(path, encoding="utf-8").read())
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
@@ -56,7 +63,7 @@ def test_distributed_does_not_import_the_simulator():
         elif isinstance(node, ast.ImportFrom):
             names = [f"{node.module}.{a.name}" for a in node.names]
         for name in names:
-            assert not (name + ".").startswith("vtc.sim."), f"line {node.lineno}: {name}"
+            assert not (name + ".").startswith("vtc.sim."), f"{path}:{node.lineno}: {name}"
 
 
 def test_replicas_experiment_identical_on_redis_and_twin(redis_server):
