@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -281,6 +283,42 @@ def test_spares_are_removed_with_their_series_files(directory):
     gc.collect()
     wait_for(lambda: not list(directory.glob("*.next")), "the spares removed")
     assert collect(directory) == {}  # the counter file left as it was: no series
+
+
+EXITS_WITH_SPARES = """
+import sys, time
+from prometheus_client import CollectorRegistry, Counter
+from vtc.multiproc import SeriesFiles
+
+files = SeriesFiles(sys.argv[1])
+with files.creating():
+    tokens = Counter("t_tokens", "tokens", ["tenant"], registry=CollectorRegistry())
+for i in range(3):
+    with files.creating():
+        tokens.labels(f"one-off-{i}").inc(1)
+    files.remove(f"one-off-{i}")
+    files.compact()
+deadline = time.monotonic() + float(sys.argv[2])
+while not files._worker.ready and time.monotonic() < deadline:
+    time.sleep(0.01)  # a poll: the spare is made on the worker's thread
+assert files._worker.ready, "no spare made"
+# exits here with files alive: only the interpreter's exit can remove the spares
+"""
+
+
+def test_a_process_that_exits_leaves_no_spares(directory):
+    """An engine's process that exits normally with its metrics alive (as vLLM's and
+    SGLang's scheduler processes do) removes its spares (``*.next``): the directory
+    outlives it, and a restarted engine has another pid, so nothing else would."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXITS_WITH_SPARES, str(directory), str(DEADLINE_S)],
+        capture_output=True,
+        text=True,
+        timeout=4 * DEADLINE_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in directory.iterdir() if p.suffix != ".db") == []
+    assert [p.name for p in directory.glob("counter_*-vtc.db")]  # its series file stays
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -30,11 +30,14 @@ disk, for ~60 µs of CPU), and making the file the next rewrite of a type fills
 caller's thread is then a copy into the spare's map and the rename; the files
 are what they were when :meth:`SeriesFiles.compact` returns, as before. Without
 a spare ready (the first rewrite of a type, or the thread behind) the caller
-makes the file itself.
+makes the file itself. The spares no rewrite took are removed when their
+:class:`SeriesFiles` is collected or the process exits normally (a killed one
+leaves them; the collector never reads them).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
@@ -59,6 +62,23 @@ _SPARE_NAMES = itertools.count()  # spares' names: unique in a process (its pid 
 _INT = struct.Struct("i")
 _DOUBLES = struct.Struct("dd")
 _INITIAL_SIZE = 1 << 16  # prometheus_client's first size of a file (then doubled)
+_EXIT_WAIT_S = 5.0  # at the interpreter's exit, the most each worker is waited for
+
+# Every worker's thread while it runs, with its job queue. The threads are daemons (an
+# engine's exit never hangs on them), so the interpreter would stop them wherever they
+# are; at exit each is asked to end and waited for (a bounded time): it removes the
+# spares it made, which the directory would otherwise keep (it outlives the process, and
+# a restarted engine has another pid).
+_RUNNING: dict[threading.Thread, queue.SimpleQueue[Any]] = {}
+
+
+@atexit.register
+def _finish_workers() -> None:
+    running = [(t, jobs) for t, jobs in list(_RUNNING.items()) if t.is_alive()]
+    for _, jobs in running:
+        jobs.put(None)
+    for thread, _ in running:
+        thread.join(_EXIT_WAIT_S)
 
 
 def entry_head(key: str) -> bytes:
@@ -215,6 +235,7 @@ class _Worker:
                 name="vtc-metrics-files",
                 daemon=True,
             )
+            _RUNNING[self._thread] = self.jobs
             self._thread.start()
 
 
@@ -224,8 +245,19 @@ def _work(
     spares: dict[str, _File],
 ) -> None:
     """:class:`_Worker`'s thread (no reference to its SeriesFiles, which it outlives
-    until the ``None`` its collection sends: then the spares no rewrite took are
-    removed)."""
+    until the ``None`` its collection, or the interpreter's exit, sends: then the
+    spares no rewrite took are removed)."""
+    try:
+        _work_until_told(jobs, ready, spares)
+    finally:
+        _RUNNING.pop(threading.current_thread(), None)
+
+
+def _work_until_told(
+    jobs: queue.SimpleQueue[list[tuple[Any, ...]] | None],
+    ready: deque[tuple[str, _File | None]],
+    spares: dict[str, _File],
+) -> None:
     while True:
         batch = jobs.get()
         if batch is None:
