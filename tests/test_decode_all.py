@@ -101,6 +101,28 @@ def test_decode_all_refuses_bad_counts_naming_them_and_changes_nothing(cls):
 
 
 @pytest.mark.parametrize("cls", BOTH)
+@pytest.mark.parametrize(
+    "ids", [[], (), np.array([], dtype=np.int64)], ids=["list", "tuple", "array"]
+)
+def test_a_decode_of_no_ids_changes_nothing_whatever_its_count(cls, ids):
+    """No id, no check (the order of checks is per position), and nothing changed:
+    ``decode([], -1)`` once moved the core's bound on generated counts so that the next
+    ``decode_all`` broke it (and skipped the per-request limit's check)."""
+    s = cls(10_000)
+    s.submit(1, "a", 10)
+    s.pop()
+    before = state(s, rids=[1])
+    for t in (-1, -(2**63), 2**32, 0, 3):
+        s.decode(ids, t)
+    assert state(s, rids=[1]) == before
+    s.decode_all(1)
+    s.decode([1], 2)
+    assert s.generated(1) == 3
+    if cls is vtc.Scheduler:
+        s._check_invariants()
+
+
+@pytest.mark.parametrize("cls", BOTH)
 def test_decode_all_charges_only_running_requests_and_no_capacity_check(cls):
     s = cls(25)
     s.submit(1, "a", 12)

@@ -225,3 +225,27 @@ fn decode_with_ids_refuses_to_pass_the_limit_however_the_count_got_there() {
         s.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn a_decode_of_no_ids_changes_nothing_whatever_its_count() {
+    // `Each(t)` with no ids checks nothing (no position, no check: the
+    // reference's order); it must not move the bound on generated counts
+    // either: `-1` made it u64::MAX, and the next decode_all overflowed it.
+    for t in [-1, i64::MIN, i64::MAX, MAX_TOKENS_PER_CALL as i64 + 1, 3] {
+        let mut s = Scheduler::new(1 << 20, 1.0, 2.0, Policy::Vtc).unwrap();
+        let x = s.add_client();
+        s.decode(&[], Tokens::Each(t)).unwrap();
+        s.check_invariants().unwrap();
+        s.submit(1, x, 10).unwrap();
+        s.pop().unwrap();
+        let before = observe(&s, &[x]);
+        s.decode(&[], Tokens::Each(t)).unwrap();
+        assert_eq!(observe(&s, &[x]), before);
+        s.decode_all(1).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(s.generated(1).unwrap(), 1);
+        s.decode(&[1], Tokens::Each(2)).unwrap();
+        s.check_invariants().unwrap();
+        assert_eq!(s.generated(1).unwrap(), 3);
+    }
+}

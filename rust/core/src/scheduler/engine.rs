@@ -315,8 +315,10 @@ impl Scheduler {
             }
         }
         self.occupancy += total;
-        // every request grew by at most this much
+        // every request grew by at most this much (no request: nothing grew, and
+        // `Each(t)` was never checked, so `t` may be anything, negative too)
         let most = match tokens {
+            Tokens::Each(_) if slots.is_empty() => 0,
             Tokens::Each(t) => t as u64,
             Tokens::PerRequest(_) => u64::try_from(total).unwrap_or(u64::MAX),
         };
