@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import random
+from itertools import repeat
 
 import pytest
 
 import vtc
 from helpers import FairnessReference as Reference
 from vtc._core import FairnessWindow
-from vtc.metrics import jain_index
+from vtc.metrics import _by_name, _label, jain_index
 
 
 def same(got, want) -> bool:
@@ -133,3 +134,108 @@ def test_bad_arguments_raise_type_errors():
     with pytest.raises(TypeError, match="scheduler"):
         fw.above(object(), 0.0)  # type: ignore[arg-type]
     assert "FairnessWindow(window=30.0" in repr(fw)
+
+
+def relabel_reference(fw, core, names, limit, factor):
+    """``FairnessWindow.relabel`` as ``TenantMetrics._relabel`` computed it in Python
+    before (from ``gains`` and ``above``, which the test above checks)."""
+    got = dict(zip(names, map(max, fw.gains(core, names), repeat(0.0))))
+    dropped = []
+    while len(got) > limit:
+        worst = min(got, key=lambda t: (got[t], _by_name(t)))
+        del got[worst]
+        dropped.append(names.index(worst))
+    free = limit - len(got)
+    bar = -math.inf if free or not got else min(got.values()) * factor
+    rows = sorted((-v, _by_name(t), t) for t, v in fw.above(core, bar) if t not in got)
+    held, kept, clash = {_label(t): t for t in got}, [], None
+    for row in rows:
+        label = _label(row[-1])
+        if label not in held:
+            held[label] = row[-1]
+            kept.append(row)
+        elif clash is None:
+            clash = (held[label], row[-1])
+    taken = [t for *_, t in kept[:free]]
+    incumbents = sorted(got, key=lambda t: (-got[t], _by_name(t)), reverse=True)
+    swaps = []
+    for (minus, _, new), old in zip(kept[free:], incumbents):
+        if -minus <= got[old] * factor:
+            break
+        swaps.append((new, names.index(old)))
+    return dropped, taken, swaps, clash
+
+
+def labelled_sample(rng, keys):
+    """A random labelled set as the metrics keep one: keys of the core, no two with
+    the same label value."""
+    by_label = {}
+    for k in rng.sample(keys, rng.randint(0, len(keys))):
+        by_label.setdefault(_label(k), k)
+    return list(by_label.values())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_relabel_is_the_python_computation(seed):
+    """Differential: random workloads over names and int keys whose label values
+    collide (``7`` and ``"7"``), tenants forgotten and back, refreshes at random
+    times; for random labelled sets, limits (under, at and over the set's size) and
+    margins, ``relabel`` returns what the Python did: the tenants over the limit, those
+    taking free labels, the swaps, and the first candidate passed over."""
+    rng = random.Random(seed)
+    core = vtc.Scheduler(M=300)
+    fw = FairnessWindow([2.0, 10.0, math.inf][seed % 3])
+    tenants = [f"t{i}" for i in range(rng.randint(3, 20))] + [7, "7", 8, "08", -3, "-3"]
+    rid, now, seen = 0, 0.0, [0, 0, 0, 0]
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.35:
+            rid += 1
+            core.submit(rid, rng.choice(tenants), rng.randint(1, 30))
+        elif op < 0.45:
+            core.schedule()
+        elif op < 0.65:
+            running = core.running()
+            if running:
+                core.decode(rng.sample(running, rng.randint(1, len(running))), rng.randint(1, 9))
+        elif op < 0.75:
+            running = core.running()
+            if running:
+                core.finish(rng.choice(running))
+        elif op < 0.78:
+            core.forget_idle()
+        else:
+            now += rng.choice([0.0, 0.5, 1.0, 3.0])
+            fw.refresh(core, now)
+            keys = list(core.services())
+            for _ in range(4):
+                names = labelled_sample(rng, keys)
+                limit = max(1, len(names) + rng.randint(-3, 2))
+                factor = rng.choice([1.0, 1.5, 2.0])
+                got = fw.relabel(core, names, limit, factor)
+                assert got == relabel_reference(fw, core, names, limit, factor)
+                for i, part in enumerate(got):
+                    seen[i] += bool(part)
+    assert all(seen), seen  # drops, free labels, swaps and collisions each exercised
+
+
+def test_relabel_of_a_small_case_and_its_bad_arguments():
+    core = vtc.Scheduler(M=1000)
+    for rid, (tenant, tokens) in enumerate([("a", 50), ("b", 10), (7, 40), ("7", 30)]):
+        core.submit(rid, tenant, tokens)
+    core.schedule()
+    fw = FairnessWindow(30.0)
+    fw.refresh(core, 0.0)  # no start: every gain is the whole service
+    # one label held by b: a free label goes to a (most served), then 7 (40 > 2 * 10
+    # took b's label), "7" passed over: 7 holds its label value
+    assert fw.relabel(core, ["b"], 2, 2.0) == ([], ["a"], [(7, 0)], (7, "7"))
+    assert fw.relabel(core, ["a", "b", 7], 2, 2.0) == ([1], [], [], None)  # b goes
+    assert fw.relabel(core, [], 0, 2.0) == ([], [], [], (7, "7"))  # no label to take
+    with pytest.raises(vtc.InvalidArgumentError, match="limit"):
+        fw.relabel(core, [], -1, 2.0)
+    with pytest.raises(TypeError, match="factor"):
+        fw.relabel(core, [], 1, "2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="scheduler"):
+        fw.relabel(object(), [], 1, 2.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        fw.relabel(core, [1.5], 1, 2.0)  # type: ignore[list-item]

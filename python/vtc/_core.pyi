@@ -171,6 +171,32 @@ class FairnessWindow:
         """``(key, gain)`` of every client of ``scheduler`` whose ``gains`` is more
         than ``bar``, in client id order: one pass in Rust (the candidates for the
         metrics' labels)."""
+    def relabel(
+        self, scheduler: Scheduler, labelled: Iterable[_ClientKey], limit: int, factor: float
+    ) -> tuple[
+        list[int],
+        list[_ClientKey],
+        list[tuple[_ClientKey, int]],
+        tuple[_ClientKey, _ClientKey] | None,
+    ]:
+        """The metrics' labels' changes as of the last ``refresh`` (``vtc.metrics``,
+        ``TenantMetrics._relabel`` with more tenants than labels), in one call:
+        ``(dropped, taken, swaps, clash)`` for ``labelled`` (the tenants with a label,
+        no two with one label value), at most ``limit`` labels, a candidate having to
+        gain more than ``factor`` times a labelled tenant's ``max(gain, 0)`` to take
+        its label. ``dropped``: indices into ``labelled`` of the least served over
+        ``limit``, in the order they go (ties: by label value, a name before an int
+        key). Candidates: the clients not labelled whose gain is above the bar
+        (``-inf`` while a label is free, else the least labelled gain times
+        ``factor``), most served first (ties: by label value, a name first), less
+        those whose label value (a name, an int key's decimal form) a labelled tenant
+        or an earlier candidate holds: ``clash`` is the first of them, ``(holder,
+        tenant)``, or None. ``taken``: the first candidates, one per free label;
+        ``swaps``: ``(tenant, index into labelled)``, each next candidate with the
+        least served labelled tenant left (ties: the last by label value first) while
+        it gained more than ``factor`` times as much. ``limit`` < 0:
+        ``InvalidArgumentError``; not a ``Scheduler``, a key, an int or a float:
+        ``TypeError``."""
 
 @final
 class SyncLedger:

@@ -588,19 +588,20 @@ class TenantMetrics(Observer):
 
     def _relabel(self, core: Any, tenants: dict[int | str, Any]) -> None:
         """Give at most ``max_tenants`` of the most served tenants (their service
-        gained over the window: ``FairnessWindow.gains`` and ``above``, as of this
-        refresh) their own series, with hysteresis: a free label goes to the most
-        served tenant without one (ties: by name); a tenant without a label takes
-        the label of the least served labelled tenant once it was served more than
-        ``1 + LABEL_MARGIN`` times as much. After a refresh with every label taken,
+        gained over the window, as of this refresh) their own series, with
+        hysteresis: a free label goes to the most served tenant without one (ties:
+        by name); a tenant without a label takes the label of the least served
+        labelled tenant once it was served more than ``1 + LABEL_MARGIN`` times as
+        much. After a refresh with every label taken,
         no tenant without a label was served more than ``1 + LABEL_MARGIN`` times as
         much as any tenant with one, but for a tenant whose label value another
         tenant's label holds (:meth:`_claim`).
 
-        Per-tenant Python work only for the labelled tenants and the candidates:
-        the tenants above that bar (none, most of the time), every unlabelled one
-        while labels are free; every tenant's gain over the window is computed and
-        compared with the bar in Rust (``FairnessWindow.above``)."""
+        With more tenants than labels the choice is one call in Rust
+        (``FairnessWindow.relabel``: the labelled tenants' gains, every tenant's gain
+        against the bar, the candidates' order and label values, the swaps), and
+        the Python work is for the labels that change; with every tenant fitting, the
+        new ones take labels here (by name)."""
         limit, labelled = self.max_tenants, self._labelled
         for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
             self._remove(tenant)
@@ -610,27 +611,21 @@ class TenantMetrics(Observer):
             if new:
                 labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
             return
-        # (a tenant forgotten and back within the window: less than at its start)
-        fairness, names = self._fairness, list(labelled)
-        got = dict(zip(names, map(max, fairness.gains(core, names), repeat(0.0))))
-        while len(got) > limit:  # pragma: no cover - max_tenants lowered: the least served go
-            worst = min(got, key=lambda t: (got[t], _by_name(t)))
-            del got[worst]
-            self._remove(worst)
-            labelled.discard(worst)
-        free = limit - len(got)
-        bar = -math.inf if free or not got else min(got.values()) * (1.0 + LABEL_MARGIN)
-        candidates = self._claim(
-            sorted((-v, _by_name(t), t) for t, v in fairness.above(core, bar) if t not in labelled)
+        # The labelled tenants' gains, the bar, the candidates above it (in Rust, over
+        # every tenant), their order and label values, and the swaps: one call
+        # (vtc._core.FairnessWindow.relabel, the rule above), then only the changes.
+        names = list(labelled)
+        dropped, taken, swaps, clash = self._fairness.relabel(
+            core, names, limit, 1.0 + LABEL_MARGIN
         )
-        if not candidates:
-            return
-        labelled.update(t for *_, t in candidates[:free])
-        # the labelled tenants, least served first (ties: the last by name first)
-        incumbents = sorted(got, key=lambda t: (-got[t], _by_name(t)), reverse=True)
-        for (minus, _, new), old in zip(candidates[free:], incumbents):
-            if -minus <= got[old] * (1.0 + LABEL_MARGIN):
-                break  # and every later pair: candidates decrease, incumbents increase
+        for i in dropped:  # pragma: no cover - max_tenants lowered: the least served go
+            self._remove(names[i])
+            labelled.discard(names[i])
+        if clash is not None:
+            self._passed_over(*clash)
+        labelled.update(taken)
+        for new, i in swaps:
+            old = names[i]
             self._remove(old)
             labelled.discard(old)
             labelled.add(new)
@@ -649,20 +644,26 @@ class TenantMetrics(Observer):
             if label not in held:
                 held[label] = tenant
                 kept.append(row)
-            elif not self._warned:
-                self._warned = True
-                holder = held[label]
-                _log.warning(
-                    "vtc metrics: tenants %r and %r have the same tenant label value %r: "
-                    "%r gets no series of its own while %r has the label (summed under %r)",
-                    holder,
-                    tenant,
-                    label,
-                    tenant,
-                    holder,
-                    OTHER,
-                )
+            else:
+                self._passed_over(held[label], tenant)
         return kept
+
+    def _passed_over(self, holder: int | str, tenant: int | str) -> None:
+        """Log, the first time only, that ``tenant`` gets no label: ``holder`` has its
+        label value."""
+        if self._warned:
+            return
+        self._warned = True
+        _log.warning(
+            "vtc metrics: tenants %r and %r have the same tenant label value %r: "
+            "%r gets no series of its own while %r has the label (summed under %r)",
+            holder,
+            tenant,
+            _label(tenant),
+            tenant,
+            holder,
+            OTHER,
+        )
 
     def _fold_into_other(self, tenant: int | str) -> None:
         """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""

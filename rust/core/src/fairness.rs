@@ -213,7 +213,7 @@ impl FairnessWindow {
     /// The service client `c` (key `key`) gained since the last refresh's
     /// window start: its service less its service then (0 if it was not
     /// in the start, or the refresh had none).
-    fn gain(&self, c: ClientId, key: &ClientKey, service: f64) -> f64 {
+    pub(crate) fn gain(&self, c: ClientId, key: &ClientKey, service: f64) -> f64 {
         let before = match self.find(c.0, key) {
             Some(l) if self.seen[l as usize].start_stamp == self.refreshes => {
                 self.seen[l as usize].before

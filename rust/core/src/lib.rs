@@ -28,6 +28,7 @@ mod keys;
 pub mod ledger;
 pub mod limits;
 mod lookup;
+pub mod relabel;
 mod scheduler;
 mod snapshot;
 pub mod wire;

@@ -267,3 +267,50 @@ fn snapshots_stay_bounded_and_keys_are_pruned() {
         fw.check().unwrap();
     }
 }
+
+/// `relabel`'s shape for any labelled list (keys the scheduler lacks, whose
+/// gains are NaN, duplicates), limit and factor (NaN, negative, infinite): no
+/// panic; the tenants over the limit go; no more labels taken than are free;
+/// each swap replaces a different labelled tenant left; no labelled tenant
+/// takes a label again. (Its values: `tests/test_fairness_window.py`, against
+/// the Python computation.)
+#[test]
+fn relabel_never_panics_and_keeps_its_shape() {
+    for seed in 0..20u64 {
+        let mut rng = Lcg(seed * 104_729 + 3);
+        let mut s = Scheduler::new(2_000, 1.0, 2.0, Policy::Vtc).unwrap();
+        let mut fw = FairnessWindow::new(5.0).unwrap();
+        let tenants = 2 + rng.below(15);
+        let (mut rid, mut now) = (0u64, 0.0f64);
+        for _ in 0..300 {
+            let op = rng.below(10);
+            if scheduler_op(&mut rng, &mut s, op, &mut rid, tenants, key) {
+                continue;
+            }
+            now += 1.0;
+            fw.refresh(&s, now);
+            let mut labelled: Vec<KeyRef<'static>> = (0..rng.below(tenants + 3))
+                .map(|_| key(rng.below(tenants + 2)))
+                .collect();
+            labelled.push(KeyRef::Str(Cow::Borrowed(b"nobody")));
+            for limit in [0, 1, labelled.len() / 2, labelled.len(), labelled.len() + 2] {
+                for factor in [f64::NAN, -1.0, 0.0, 2.0, f64::INFINITY] {
+                    let r = fw.relabel(&s, &labelled, limit, factor);
+                    assert_eq!(r.dropped.len(), labelled.len().saturating_sub(limit));
+                    let left = labelled.len() - r.dropped.len();
+                    assert!(r.taken.len() <= limit - left);
+                    let mut replaced: Vec<usize> = r.swaps.iter().map(|&(_, i)| i).collect();
+                    replaced.extend(&r.dropped);
+                    replaced.sort_unstable();
+                    replaced.dedup();
+                    assert_eq!(replaced.len(), r.swaps.len() + r.dropped.len());
+                    assert!(replaced.iter().all(|&i| i < labelled.len()));
+                    let owned: Vec<ClientKey> = labelled.iter().map(ClientKey::from).collect();
+                    for k in r.taken.iter().chain(r.swaps.iter().map(|(k, _)| k)) {
+                        assert!(!owned.contains(k) || r.dropped.iter().any(|&i| owned[i] == **k));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -5,8 +5,10 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use vtc_core::fairness::FairnessWindow;
+use vtc_core::relabel::Holder;
+use vtc_core::ClientKey;
 
-use crate::convert::{float_arg, type_error};
+use crate::convert::{float_arg, int_arg, type_error};
 use crate::errors::{invalid, Result};
 use crate::keys::{client_key, key_to_py};
 use crate::PyScheduler;
@@ -97,6 +99,84 @@ impl PyFairnessWindow {
             list.append((key_to_py(py, k)?, *v))?;
         }
         Ok(list)
+    }
+
+    /// `(dropped, taken, swaps, clash)`: the labels' changes for `labelled`
+    /// (a sequence of keys, the tenants with a label) at most `limit` labels
+    /// and margin `factor`, over the last refresh's window: indices into
+    /// `labelled` of the tenants over the limit, the tenants that take the
+    /// free labels, `(tenant, index into labelled)` of each swap, and the
+    /// first candidate passed over for its label value with its holder (an
+    /// item of `labelled`, or a tenant that took a label before it), or
+    /// None. See `vtc_core::relabel` and `vtc/_core.pyi`.
+    #[allow(clippy::type_complexity)]
+    fn relabel<'py>(
+        &self,
+        py: Python<'py>,
+        scheduler: &Bound<'py, PyAny>,
+        labelled: &Bound<'py, PyAny>,
+        limit: &Bound<'py, PyAny>,
+        factor: &Bound<'py, PyAny>,
+    ) -> Result<(
+        Vec<usize>,
+        Bound<'py, PyList>,
+        Bound<'py, PyList>,
+        Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    )> {
+        let scheduler = scheduler_arg(scheduler)?;
+        let items: Vec<Bound<'_, PyAny>> = labelled.try_iter()?.collect::<PyResult<_>>()?;
+        let keys = items
+            .iter()
+            .map(|k| client_key(k.as_borrowed()))
+            .collect::<Result<Vec<_>>>()?;
+        let n = int_arg("limit", limit)?;
+        let limit =
+            usize::try_from(n).map_err(|_| invalid(format!("limit must be >= 0, got {n}")))?;
+        let factor = float_arg("factor", factor)?;
+        type Owned = (
+            Vec<usize>,
+            Vec<ClientKey>,
+            Vec<(ClientKey, usize)>,
+            Option<(std::result::Result<usize, ClientKey>, ClientKey)>,
+        );
+        let (dropped, taken, swaps, clash): Owned = {
+            let g = scheduler.get().lock(py)?;
+            let r = self.inner.relabel(&g.core, &keys, limit, factor);
+            (
+                r.dropped,
+                r.taken.into_iter().cloned().collect(),
+                r.swaps.into_iter().map(|(k, i)| (k.clone(), i)).collect(),
+                r.clash.map(|(holder, k)| {
+                    let holder = match holder {
+                        Holder::Labelled(i) => Ok(i),
+                        Holder::Candidate(h) => Err(h.clone()),
+                    };
+                    (holder, k.clone())
+                }),
+            )
+        };
+        let taken_list = PyList::empty(py);
+        for k in &taken {
+            taken_list.append(key_to_py(py, k)?)?;
+        }
+        let swap_list = PyList::empty(py);
+        for (k, i) in &swaps {
+            swap_list.append((key_to_py(py, k)?, *i))?;
+        }
+        let clash = match clash {
+            None => None,
+            Some((holder, k)) => {
+                let holder = match holder {
+                    Ok(i) => items
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| invalid(format!("no labelled tenant {i}")))?,
+                    Err(h) => key_to_py(py, &h)?,
+                };
+                Some((holder, key_to_py(py, &k)?))
+            }
+        };
+        Ok((dropped, taken_list, swap_list, clash))
     }
 
     fn __repr__(&self) -> String {
