@@ -156,25 +156,44 @@ impl FairnessWindow {
         if candidates.is_empty() {
             return out;
         }
-        candidates.sort_by(|a, b| {
+        let order = |a: &Candidate<'_>, b: &Candidate<'_>| {
             by_gain(b.gain, a.gain)
                 .then_with(|| a.label.cmp(&b.label))
                 .then_with(|| a.int.cmp(&b.int))
-        });
-        let mut held: HashMap<Cow<'_, [u8]>, Holder<'c>> = kept
-            .iter()
-            .map(|&i| (labels[i].clone(), Holder::Labelled(i)))
-            .collect();
-        let mut claimed = Vec::with_capacity(candidates.len());
-        for cand in &candidates {
-            if let Some(holder) = held.get(&cand.label[..]) {
-                if out.clash.is_none() {
-                    out.clash = Some((holder.clone(), cand.key));
+        };
+        // Label values clash only between an int key and a name: without int keys
+        // no candidate is passed over, and at most `limit` of them (the free
+        // labels, then one per incumbent) can take a label, so only those are
+        // ordered.
+        let ints = candidates.iter().any(|c| c.int)
+            || kept.iter().any(|&i| matches!(labelled[i], KeyRef::Int(_)));
+        let mut claimed = Vec::with_capacity(candidates.len().min(limit));
+        if !ints {
+            if candidates.len() > limit {
+                if limit == 0 {
+                    return out;
                 }
-                continue;
+                candidates.select_nth_unstable_by(limit - 1, order);
+                candidates.truncate(limit);
             }
-            held.insert(cand.label.clone(), Holder::Candidate(cand.key));
-            claimed.push((cand.gain, cand.key));
+            candidates.sort_by(order);
+            claimed.extend(candidates.iter().map(|c| (c.gain, c.key)));
+        } else {
+            candidates.sort_by(order);
+            let mut held: HashMap<Cow<'_, [u8]>, Holder<'c>> = kept
+                .iter()
+                .map(|&i| (labels[i].clone(), Holder::Labelled(i)))
+                .collect();
+            for cand in &candidates {
+                if let Some(holder) = held.get(&cand.label[..]) {
+                    if out.clash.is_none() {
+                        out.clash = Some((holder.clone(), cand.key));
+                    }
+                    continue;
+                }
+                held.insert(cand.label.clone(), Holder::Candidate(cand.key));
+                claimed.push((cand.gain, cand.key));
+            }
         }
         out.taken = claimed.iter().take(free).map(|&(_, k)| k).collect();
         // the labelled tenants, least served first (ties: the last by name first)
