@@ -748,6 +748,30 @@ def test_an_int_key_and_a_name_of_the_same_digits_never_share_a_series(caplog):
     assert len(caplog.records) == 1
 
 
+@pytest.mark.parametrize("max_tenants", [10, 2], ids=["every-tenant-fits", "relabelled"])
+def test_a_tenant_named_other_is_summed_under_other_never_labelled(caplog, max_tenants):
+    # "_other" is the label value of the sum of the tenants without a label: a tenant
+    # of that name never takes it (its gauges and the sum's would overwrite each other,
+    # and a counter would appear for the sum), even as the most served; warned once.
+    core, metrics, view, registry = core_setup(max_tenants=max_tenants)
+    rids = iter(range(1, 1_000))
+    running = running_and_waiting(core, [OTHER, "a", "b", "c"], rids)
+    with caplog.at_level("WARNING", logger="vtc"):
+        for now in range(4):
+            serve_tokens(core, running, {OTHER: 500, "a": 50, "b": 40, "c": 1})
+            metrics.refresh(view, float(now))
+    assert labelled(registry) == ({"a", "b", "c"} if max_tenants == 10 else {"a", "b"})
+    assert value(registry, "vtc_tenant_counter", tenant=OTHER) is None
+    unlabelled = [OTHER] if max_tenants == 10 else [OTHER, "c"]
+    tokens, active = core.tokens(), core.active_clients()
+    assert token_totals(registry, "decode")[OTHER] == sum(tokens[k][1] for k in unlabelled)
+    for state, i in (("waiting", 0), ("running", 1)):
+        assert value(registry, "vtc_tenant_requests", tenant=OTHER, state=state) == sum(
+            active[k][i] for k in unlabelled
+        )
+    assert len(caplog.records) == 1 and "label value of the series that sums" in caplog.text
+
+
 def test_a_label_value_stays_with_its_holder_until_the_core_forgets_it():
     # One label: int 1 (the most served at the first refresh) takes "1"; "1", served
     # far more later, is passed over while 1 holds it, and takes it once 1 is gone.

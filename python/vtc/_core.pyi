@@ -172,12 +172,17 @@ class FairnessWindow:
         than ``bar``, in client id order: one pass in Rust (the candidates for the
         metrics' labels)."""
     def relabel(
-        self, scheduler: Scheduler, labelled: Iterable[_ClientKey], limit: int, factor: float
+        self,
+        scheduler: Scheduler,
+        labelled: Iterable[_ClientKey],
+        limit: int,
+        factor: float,
+        reserved: str | None = None,
     ) -> tuple[
         list[int],
         list[_ClientKey],
         list[tuple[_ClientKey, int]],
-        tuple[_ClientKey, _ClientKey] | None,
+        tuple[_ClientKey | None, _ClientKey] | None,
     ]:
         """The metrics' labels' changes as of the last ``refresh`` (``vtc.metrics``,
         ``TenantMetrics._relabel`` with more tenants than labels), in one call:
@@ -190,12 +195,13 @@ class FairnessWindow:
         (``-inf`` while a label is free, else the least labelled gain times
         ``factor``), most served first (ties: by label value, a name first), less
         those whose label value (a name, an int key's decimal form) a labelled tenant
-        or an earlier candidate holds: ``clash`` is the first of them, ``(holder,
-        tenant)``, or None. ``taken``: the first candidates, one per free label;
+        or an earlier candidate holds, or that is ``reserved`` (no tenant takes it):
+        ``clash`` is the first of them, ``(holder, tenant)`` (holder None for
+        ``reserved``), or None. ``taken``: the first candidates, one per free label;
         ``swaps``: ``(tenant, index into labelled)``, each next candidate with the
         least served labelled tenant left (ties: the last by label value first) while
         it gained more than ``factor`` times as much. ``limit`` < 0:
-        ``InvalidArgumentError``; not a ``Scheduler``, a key, an int or a float:
+        ``InvalidArgumentError``; not a ``Scheduler``, a key, an int, a float or a str:
         ``TypeError``."""
 
 @final

@@ -51,7 +51,8 @@ whose value another tenant's label holds (``1`` while ``"1"`` has its label, or 
 other way round) gets no label of its own while that one keeps it (it is summed under
 ``_other``, and a warning says so once per :class:`TenantMetrics`). Of two taking
 labels at one refresh, the name takes it while every tenant fits in ``max_tenants``,
-else the more served (ties: the name).
+else the more served (ties: the name). A tenant named ``_other`` never has a label of its own
+(that value is the sum's): it is summed under ``_other``, with the same warning.
 
 In prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, how vLLM and
 SGLang serve a scheduler process's metrics) the series live in files of vtc's own
@@ -616,7 +617,7 @@ class TenantMetrics(Observer):
         # (vtc._core.FairnessWindow.relabel, the rule above), then only the changes.
         names = list(labelled)
         dropped, taken, swaps, clash = self._fairness.relabel(
-            core, names, limit, 1.0 + LABEL_MARGIN
+            core, names, limit, 1.0 + LABEL_MARGIN, OTHER
         )
         for i in dropped:  # pragma: no cover - max_tenants lowered: the least served go
             self._remove(names[i])
@@ -636,7 +637,8 @@ class TenantMetrics(Observer):
         tenant holds: a label value is one tenant's, else two tenants (``1`` and
         ``"1"``) would add to one series. Such a tenant stays under ``_other`` (its
         mirror, tallies and gains are its own); the first is logged."""
-        held = {_label(t): t for t in self._labelled}
+        held: dict[str, int | str | None] = {OTHER: None}  # _other's: no tenant's
+        held.update((_label(t), t) for t in self._labelled)
         kept = []
         for row in rows:
             tenant = row[-1]
@@ -648,12 +650,21 @@ class TenantMetrics(Observer):
                 self._passed_over(held[label], tenant)
         return kept
 
-    def _passed_over(self, holder: int | str, tenant: int | str) -> None:
+    def _passed_over(self, holder: int | str | None, tenant: int | str) -> None:
         """Log, the first time only, that ``tenant`` gets no label: ``holder`` has its
-        label value."""
+        label value (None: ``_other``'s, the sum of the tenants without a label)."""
         if self._warned:
             return
         self._warned = True
+        if holder is None:
+            _log.warning(
+                "vtc metrics: tenant %r has the label value of the series that sums the "
+                "tenants without a label of their own: it gets no series of its own "
+                "(summed under %r)",
+                tenant,
+                OTHER,
+            )
+            return
         _log.warning(
             "vtc metrics: tenants %r and %r have the same tenant label value %r: "
             "%r gets no series of its own while %r has the label (summed under %r)",

@@ -15,8 +15,9 @@
 //! 3. The candidates: the keyed clients not labelled that gained more than
 //!    the bar, most served first (ties: by label value, a name before an int
 //!    key), less those whose label value (a name, an int key's decimal form)
-//!    a labelled tenant or an earlier candidate holds (`clash`: the first
-//!    passed over, for the metrics' warning).
+//!    a labelled tenant or an earlier candidate holds, or that is `reserved`
+//!    (the metrics' `_other`, which sums the tenants without a label)
+//!    (`clash`: the first passed over, for the metrics' warning).
 //! 4. The first candidates take the free labels; each next one takes the
 //!    label of the least served labelled tenant left (ties: the last by label
 //!    value first) while it gained more than `factor` times as much.
@@ -39,6 +40,8 @@ pub enum Holder<'c> {
     Labelled(usize),
     /// A candidate that took it before.
     Candidate(&'c ClientKey),
+    /// Nobody: the value is reserved.
+    Reserved,
 }
 
 /// What [`FairnessWindow::relabel`] decides.
@@ -99,13 +102,15 @@ struct Candidate<'c> {
 impl FairnessWindow {
     /// The labels' changes for `labelled` (the tenants with a label, each a
     /// key of `core` or not) at most `limit` labels, and `factor` the margin
-    /// a candidate must beat (see the module doc). Never fails.
+    /// a candidate must beat; no candidate takes the label value `reserved`
+    /// (see the module doc). Never fails.
     pub fn relabel<'c>(
         &self,
         core: &'c Scheduler,
         labelled: &[KeyRef<'_>],
         limit: usize,
         factor: f64,
+        reserved: Option<&[u8]>,
     ) -> Relabel<'c> {
         let mut out = Relabel::default();
         let got: Vec<f64> = self.gains(core, labelled).into_iter().map(clamp).collect();
@@ -153,6 +158,15 @@ impl FairnessWindow {
                 })
             })
             .collect();
+        if let Some(value) = reserved {
+            candidates.retain(|c| {
+                let free = c.label[..] != *value;
+                if !free && out.clash.is_none() {
+                    out.clash = Some((Holder::Reserved, c.key));
+                }
+                free
+            });
+        }
         if candidates.is_empty() {
             return out;
         }

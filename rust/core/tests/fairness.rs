@@ -272,7 +272,7 @@ fn snapshots_stay_bounded_and_keys_are_pruned() {
 /// gains are NaN, duplicates), limit and factor (NaN, negative, infinite): no
 /// panic; the tenants over the limit go; no more labels taken than are free;
 /// each swap replaces a different labelled tenant left; no labelled tenant
-/// takes a label again. (Its values: `tests/test_fairness_window.py`, against
+/// takes a label again; no tenant takes the reserved label value. (Its values: `tests/test_fairness_window.py`, against
 /// the Python computation.)
 #[test]
 fn relabel_never_panics_and_keeps_its_shape() {
@@ -294,8 +294,24 @@ fn relabel_never_panics_and_keeps_its_shape() {
                 .collect();
             labelled.push(KeyRef::Str(Cow::Borrowed(b"nobody")));
             for limit in [0, 1, labelled.len() / 2, labelled.len(), labelled.len() + 2] {
-                for factor in [f64::NAN, -1.0, 0.0, 2.0, f64::INFINITY] {
-                    let r = fw.relabel(&s, &labelled, limit, factor);
+                for (factor, reserved) in [
+                    (f64::NAN, None),
+                    (-1.0, Some(&b"4"[..])),
+                    (0.0, None),
+                    (2.0, Some(&b"tenant-1"[..])),
+                    (f64::INFINITY, Some(&b"tenant-0"[..])),
+                ] {
+                    let r = fw.relabel(&s, &labelled, limit, factor, reserved);
+                    let label = |k: &ClientKey| match k {
+                        ClientKey::Int(i) => i.to_string().into_bytes(),
+                        ClientKey::Str(b) => b.to_vec(),
+                    };
+                    for k in r.taken.iter().chain(r.swaps.iter().map(|(k, _)| k)) {
+                        assert!(
+                            reserved != Some(&label(k)[..]),
+                            "{k:?} took a reserved label"
+                        );
+                    }
                     assert_eq!(r.dropped.len(), labelled.len().saturating_sub(limit));
                     let left = labelled.len() - r.dropped.len();
                     assert!(r.taken.len() <= limit - left);

@@ -110,6 +110,7 @@ impl PyFairnessWindow {
     /// item of `labelled`, or a tenant that took a label before it), or
     /// None. See `vtc_core::relabel` and `vtc/_core.pyi`.
     #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (scheduler, labelled, limit, factor, reserved = None))]
     fn relabel<'py>(
         &self,
         py: Python<'py>,
@@ -117,6 +118,7 @@ impl PyFairnessWindow {
         labelled: &Bound<'py, PyAny>,
         limit: &Bound<'py, PyAny>,
         factor: &Bound<'py, PyAny>,
+        reserved: Option<&Bound<'py, PyAny>>,
     ) -> Result<(
         Vec<usize>,
         Bound<'py, PyList>,
@@ -133,23 +135,38 @@ impl PyFairnessWindow {
         let limit =
             usize::try_from(n).map_err(|_| invalid(format!("limit must be >= 0, got {n}")))?;
         let factor = float_arg("factor", factor)?;
+        let reserved: Option<String> = match reserved {
+            None => None,
+            Some(r) if r.is_none() => None,
+            Some(r) => Some(
+                r.extract::<String>()
+                    .map_err(|_| type_error("reserved", "a str or None", r))?,
+            ),
+        };
         type Owned = (
             Vec<usize>,
             Vec<ClientKey>,
             Vec<(ClientKey, usize)>,
-            Option<(std::result::Result<usize, ClientKey>, ClientKey)>,
+            Option<(Option<std::result::Result<usize, ClientKey>>, ClientKey)>,
         );
         let (dropped, taken, swaps, clash): Owned = {
             let g = scheduler.get().lock(py)?;
-            let r = self.inner.relabel(&g.core, &keys, limit, factor);
+            let r = self.inner.relabel(
+                &g.core,
+                &keys,
+                limit,
+                factor,
+                reserved.as_deref().map(str::as_bytes),
+            );
             (
                 r.dropped,
                 r.taken.into_iter().cloned().collect(),
                 r.swaps.into_iter().map(|(k, i)| (k.clone(), i)).collect(),
                 r.clash.map(|(holder, k)| {
                     let holder = match holder {
-                        Holder::Labelled(i) => Ok(i),
-                        Holder::Candidate(h) => Err(h.clone()),
+                        Holder::Labelled(i) => Some(Ok(i)),
+                        Holder::Candidate(h) => Some(Err(h.clone())),
+                        Holder::Reserved => None,
                     };
                     (holder, k.clone())
                 }),
@@ -167,11 +184,12 @@ impl PyFairnessWindow {
             None => None,
             Some((holder, k)) => {
                 let holder = match holder {
-                    Ok(i) => items
+                    Some(Ok(i)) => items
                         .get(i)
                         .cloned()
                         .ok_or_else(|| invalid(format!("no labelled tenant {i}")))?,
-                    Err(h) => key_to_py(py, &h)?,
+                    Some(Err(h)) => key_to_py(py, &h)?,
+                    None => py.None().into_bound(py),
                 };
                 Some((holder, key_to_py(py, &k)?))
             }
