@@ -75,7 +75,14 @@ RUN_DEADLINE = 1000.0  # seconds, for one workload run
 STARTUP_TIMEOUT = 300.0  # seconds, for a server to answer /health
 
 
-def _get(url: str, timeout: float = 5.0) -> bytes:
+# A request to a live server on loopback, but on 2 cores shared with engines that spin:
+# a scrape of /metrics once took over 5 s while two replicas served 1,600 open requests
+# (test_vllm_replicas' warm-up). Generous; a server that hangs is caught by the tests'
+# own deadlines.
+REQUEST_S = 120.0
+
+
+def _get(url: str, timeout: float = REQUEST_S) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (loopback)
         return response.read()
 
