@@ -285,23 +285,18 @@ def test_spares_are_removed_with_their_series_files(directory):
     assert collect(directory) == {}  # the counter file left as it was: no series
 
 
+# run in a process of its own, from this directory (its helpers and this module's)
 EXITS_WITH_SPARES = """
-import sys, time
-from prometheus_client import CollectorRegistry, Counter
+import sys
+from prometheus_client import CollectorRegistry
+from helpers import wait_for
+from test_multiproc import churn, served
 from vtc.multiproc import SeriesFiles
 
 files = SeriesFiles(sys.argv[1])
-with files.creating():
-    tokens = Counter("t_tokens", "tokens", ["tenant"], registry=CollectorRegistry())
-for i in range(3):
-    with files.creating():
-        tokens.labels(f"one-off-{i}").inc(1)
-    files.remove(f"one-off-{i}")
-    files.compact()
-deadline = time.monotonic() + float(sys.argv[2])
-while not files._worker.ready and time.monotonic() < deadline:
-    time.sleep(0.01)  # a poll: the spare is made on the worker's thread
-assert files._worker.ready, "no spare made"
+tokens, _ = served(files, CollectorRegistry())
+churn(files, tokens, 0)
+wait_for(lambda: files._worker.ready, "a spare made")
 # exits here with files alive: only the interpreter's exit can remove the spares
 """
 
@@ -311,7 +306,8 @@ def test_a_process_that_exits_leaves_no_spares(directory):
     SGLang's scheduler processes do) removes its spares (``*.next``): the directory
     outlives it, and a restarted engine has another pid, so nothing else would."""
     done = subprocess.run(
-        [sys.executable, "-c", EXITS_WITH_SPARES, str(directory), str(DEADLINE_S)],
+        [sys.executable, "-c", EXITS_WITH_SPARES, str(directory)],
+        cwd=os.path.dirname(os.path.abspath(__file__)),  # on the path of "-c"
         capture_output=True,
         text=True,
         timeout=4 * DEADLINE_S,
