@@ -19,6 +19,14 @@ pub(crate) struct PyFairnessWindow {
     inner: FairnessWindow,
 }
 
+/// Who holds the label value of the tenant `relabel` passed over, copied out of
+/// the scheduler's lock (`vtc_core::relabel::Holder`, owned).
+enum ClashHolder {
+    Labelled(usize),
+    Tenant(ClientKey),
+    Reserved,
+}
+
 fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
     obj.cast::<PyScheduler>()
         .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
@@ -147,7 +155,7 @@ impl PyFairnessWindow {
             Vec<usize>,
             Vec<ClientKey>,
             Vec<(ClientKey, usize)>,
-            Option<(Option<std::result::Result<usize, ClientKey>>, ClientKey)>,
+            Option<(ClashHolder, ClientKey)>,
         );
         let (dropped, taken, swaps, clash): Owned = {
             let g = scheduler.get().lock(py)?;
@@ -164,9 +172,9 @@ impl PyFairnessWindow {
                 r.swaps.into_iter().map(|(k, i)| (k.clone(), i)).collect(),
                 r.clash.map(|(holder, k)| {
                     let holder = match holder {
-                        Holder::Labelled(i) => Some(Ok(i)),
-                        Holder::Candidate(h) => Some(Err(h.clone())),
-                        Holder::Reserved => None,
+                        Holder::Labelled(i) => ClashHolder::Labelled(i),
+                        Holder::Candidate(h) => ClashHolder::Tenant(h.clone()),
+                        Holder::Reserved => ClashHolder::Reserved,
                     };
                     (holder, k.clone())
                 }),
@@ -184,12 +192,12 @@ impl PyFairnessWindow {
             None => None,
             Some((holder, k)) => {
                 let holder = match holder {
-                    Some(Ok(i)) => items
+                    ClashHolder::Labelled(i) => items
                         .get(i)
                         .cloned()
                         .ok_or_else(|| invalid(format!("no labelled tenant {i}")))?,
-                    Some(Err(h)) => key_to_py(py, &h)?,
-                    None => py.None().into_bound(py),
+                    ClashHolder::Tenant(h) => key_to_py(py, &h)?,
+                    ClashHolder::Reserved => py.None().into_bound(py),
                 };
                 Some((holder, key_to_py(py, &k)?))
             }
