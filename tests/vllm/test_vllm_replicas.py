@@ -4,9 +4,12 @@
 Two OpenAI servers on loopback (CPU vLLM, the tiny Llama, ``MAX_NUM_SEQS``
 batch slots each), both with ``--scheduler-cls vtc.vllm.VTCScheduler``. Tenant
 ``A`` sends its requests only to replica 0; tenant ``B`` sends its requests to
-both, alternately. Each sends its prompts as a few multi-prompt HTTP requests
-queued at once, so that every (replica, tenant) pair holds far more requests than
-the batch has slots from the start to the end of what is measured.
+both. Each (replica, tenant) pair is fed multi-prompt HTTP requests, ``IN_FLIGHT``
+open at a time, each replaced by the next as soon as it completes, so that every
+pair holds far more requests than the batch has slots for as long as the run lasts,
+however fast or slow either replica runs or a scrape takes (the machine has 2 cores
+and both engines spin: one replica may run several times as fast as the other, and a
+scrape of a replica holding ~1,600 open requests has taken seconds).
 
 Expected shares, with ``c0`` and ``c1`` the tokens replica 0 and replica 1
 generate over a window and ``T = c0 + c1``:
@@ -70,13 +73,15 @@ from vtc.distributed import RedisStore
 PROMPT_LEN = 16
 MAX_TOKENS = 32
 WP, WQ = 1.0, 2.0  # VTC's default prices: per prompt token, per generated token
-# One HTTP request queues this many prompts at once. Deep enough that neither replica
-# drains before the other is warm: replica 1 (half of B's requests only) may run several
-# times as fast as replica 0 on a loaded 2-core machine (one run: 400 prompts drained in
-# 8 s while replica 0 made ~80 tokens), and a drained pair is not backlogged.
-PROMPTS_PER_REQUEST = 400
-A_REQUESTS = 2  # all to replica 0
-B_REQUESTS = 4  # alternately to replica 0 and replica 1
+# One HTTP request queues this many prompts at once, and each (replica, tenant) pair
+# keeps IN_FLIGHT such requests open: when one completes, the pair still has the others'
+# prompts waiting (a request's prompts are 6,400 tokens, seconds of the fastest replica)
+# while the next one is sent. A fixed backlog is not enough: replica 1 (B only) may run
+# several times as fast as replica 0 (one run: 400 prompts drained in 8 s while replica 0
+# made ~80 tokens), and one run drained 2 x 400 prompts per pair before a scrape saw both
+# replicas warm.
+PROMPTS_PER_REQUEST = 200
+IN_FLIGHT = 3
 # Tokens generated before a share is measured (the counters settle), and in a window.
 WARMUP_TOKENS = 8 * MAX_NUM_SEQS * MAX_TOKENS  # per replica
 WINDOW_TOKENS = 32 * MAX_NUM_SEQS * MAX_TOKENS  # both replicas together
@@ -102,10 +107,17 @@ class Reading:
     service: dict[str, float]  # weighted service (WP per prompt token, WQ per generated one)
     waiting: dict[str, float]  # requests waiting for admission, per tenant
     degraded: float  # vtc_sync_degraded (0 without shared counters)
+    seconds: float  # how long the scrape took
+
+
+SCRAPE_SECONDS: list[float] = []  # every scrape's duration, reported by the test
 
 
 def read(url: str) -> Reading:
+    t = time.monotonic()
     m = scrape(url)
+    seconds = time.monotonic() - t
+    SCRAPE_SECONDS.append(seconds)
     name = "vtc_tenant_service_tokens_total"
     decode = {t: total(m, name, tenant=t, kind="decode") for t in "AB"}
     prompt = {t: total(m, name, tenant=t, kind="prompt") for t in "AB"}
@@ -114,6 +126,7 @@ def read(url: str) -> Reading:
         service={t: WP * prompt[t] + WQ * decode[t] for t in "AB"},
         waiting={t: total(m, "vtc_tenant_requests", tenant=t, state="waiting") for t in "AB"},
         degraded=total(m, "vtc_sync_degraded"),
+        seconds=seconds,
     )
 
 
@@ -131,12 +144,14 @@ def generated(readings: list[Reading]) -> float:
 
 
 class Client:
-    """The two tenants' HTTP requests, queued at once and held open until cancelled."""
+    """The two tenants' HTTP requests: each (replica, tenant) pair keeps ``IN_FLIGHT``
+    open, each replaced as soon as it completes, until cancelled."""
 
     def __init__(self, urls: list[str], model: str) -> None:
         self.urls = urls
         self.model = model
         self.errors: list[str] = []
+        self.completed = 0  # HTTP requests completed
         self.tasks: list[asyncio.Task] = []
         self.session: aiohttp.ClientSession | None = None
 
@@ -160,15 +175,23 @@ class Client:
                     self.errors.append(f"{tenant}@{replica}: HTTP {r.status}: {text[:200]}")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             self.errors.append(f"{tenant}@{replica}: {e!r}")
+        self.completed += 1
+
+    async def feed(self, replica: int, tenant: str, seed: int) -> None:
+        """One of a pair's open requests: sent again, with new prompts, as soon as it
+        completes, until a request fails or the task is cancelled."""
+        while not self.errors:
+            await self.request(replica, tenant, seed)
+            seed += IN_FLIGHT
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
         connector = aiohttp.TCPConnector(limit=0, force_close=True)
         self.session = aiohttp.ClientSession(timeout=timeout, connector=connector)
-        sends = [(0, "A", i) for i in range(A_REQUESTS)]
-        sends += [(i % 2, "B", 100 + i) for i in range(B_REQUESTS)]
-        for replica, tenant, seed in sends:
-            self.tasks.append(asyncio.create_task(self.request(replica, tenant, seed)))
+        for n, (replica, tenant) in enumerate(PAIRS):
+            for k in range(IN_FLIGHT):
+                seed = 1_000_000 * n + k  # distinct for every request of the run
+                self.tasks.append(asyncio.create_task(self.feed(replica, tenant, seed)))
 
     async def stop(self) -> None:
         """Cancel what is still open (vLLM aborts those requests)."""
@@ -369,6 +392,7 @@ async def outage(
 def test_shared_counters_give_pinned_tenant_its_max_min_share_and_survive_redis_outage(
     tiny_llama: Path, tmp_path: Path, redis_server: Any, capsys: pytest.CaptureFixture
 ) -> None:
+    SCRAPE_SECONDS.clear()
     t0 = time.monotonic()
     local = per_replica_run(tiny_llama, tmp_path)
     t1 = time.monotonic()
@@ -389,6 +413,11 @@ def test_shared_counters_give_pinned_tenant_its_max_min_share_and_survive_redis_
         print(f"  outage: tokens per replica while Redis was down {shared['outage_tokens']}")
         print(f"  reconciled: {shared['reconciled']}")
         print(f"  wall time: per-replica {t1 - t0:.0f}s, shared {t2 - t1:.0f}s")
+        scrapes = sorted(SCRAPE_SECONDS)
+        print(
+            f"  {len(scrapes)} scrapes of /metrics: median {scrapes[len(scrapes) // 2]:.2f}s, "
+            f"slowest {scrapes[-1]:.2f}s"
+        )
 
     # Per-replica VTC: replica 0 splits evenly, so A gets half of replica 0 only.
     assert 0.35 <= local["a_share_of_replica0"] <= 0.65, local
