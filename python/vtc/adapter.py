@@ -615,6 +615,13 @@ class Requests:
         each), is then charged without reading an id (``decode_uniform``:
         ``decode_all`` in the core, O(running tenants)), counted in
         :attr:`uniform_steps`; any other step as above.
+
+        An output of a request not tracked here (released with output in flight)
+        is not charged, unless its key's ``key_id`` is a tracked request's core
+        id: the tokens then go to that request. That takes keys whose hashes
+        collide (Python ints ``1`` and ``2**61``, say; never string ids short of
+        a 64-bit hash collision). A shell whose keys may collide passes only
+        the outputs of tracked requests (found by a stateful test that does not).
         """
         if not outputs:
             return

@@ -1,0 +1,353 @@
+"""A hypothesis state machine over :class:`vtc.adapter.Requests`, the layer both
+engine shells drive, against a plain model of what it must keep.
+
+Every call an engine shell makes (submit, admit the head, skip it, put back,
+release, the four ways of charging, scheduling passes) in random order, with the
+awkward arguments engines pass: keys whose hashes collide (``-1`` and ``-2``,
+``1`` and ``2**61``), prompt lengths and priorities out of range, cached lengths
+beyond the prompt, charges of unknown, repeated, waiting and set-aside requests,
+output steps that are uniform or not. After every call:
+
+* each tracked request is in the state the model says, under one core id of its
+  own, and nothing untracked is left in the core (nothing lost or duplicated);
+* the cached answers to the engine's hot questions (``num_waiting``, ``head``,
+  kept across calls by a change count) equal the core's answers now;
+* each tenant's raw tokens in the core (``client_tokens``) are the model's: the
+  prompt less its cached part at the first admission only, every produced token
+  once (a token produced while not running is owed and charged at the next
+  admission, or found again by the next cumulative count);
+* an observer was told exactly those tokens (metrics and traces count from it),
+  and a tenant the idle sweep forgets had nothing tracked;
+* the core's own invariants hold.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from prometheus_client import CollectorRegistry
+
+import vtc
+from vtc import key_id
+from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Observer
+from vtc.config import EngineConfig
+from vtc.metrics import TenantMetrics
+
+M = 64
+# 1 and 2**61 hash alike, and so do -1 and -2: the second of a pair gets the next free id
+KEYS = st.sampled_from([1, 2**61, -1, -2, 7, "a", "b", ("t", 3), 2**61 + 1])
+TENANTS = st.sampled_from(["x", "y", "z"])
+PROMPTS = st.sampled_from([1, 5, 16, M, 0, -3, M + 7, 2.7, True])
+PRIORITIES = st.sampled_from([0, 0, 1, -1, 2**70, -(2**70)])
+CACHED = st.sampled_from([0, 1, 3, M * 2, -5])
+TOKENS = st.integers(-1, 4)
+
+
+class Out:
+    """An engine output object: the request's key and the tokens it produced."""
+
+    def __init__(self, request_id, n):
+        self.request_id, self.new_token_ids = request_id, [0] * n
+
+
+class Tally(Observer):
+    """What the observers are told, per tenant: prompt and decode tokens."""
+
+    def __init__(self):
+        self.prompt: Counter[str] = Counter()
+        self.decode: Counter[str] = Counter()
+
+    def admitted(self, t, prompt_tokens):
+        self.prompt[t.tenant] += prompt_tokens
+
+    def charged(self, produced):
+        for t, n in produced:
+            self.decode[t.tenant] += n
+
+    def forgot(self, tenants):
+        for tenant in tenants:
+            del self.prompt[tenant], self.decode[tenant]
+
+
+@dataclass
+class Req:
+    tenant: str
+    prompt: int  # as the core holds it: clamped to [1, M]
+    state: str = WAITING
+    owed: int = 0  # produced while not running, charged at the next admission
+    admitted: bool = False
+    charged: int = 0  # the last cumulative count charged (charge_totals)
+
+
+class RequestsMachine(RuleBasedStateMachine):
+    @initialize()
+    def start(self):
+        self.core = vtc.Scheduler(M=M)
+        self.tally = Tally()
+        self.adapter = Adapter(self.core, EngineConfig(), observers=[self.tally])
+        self.requests = self.adapter.requests
+        self.model: dict[object, Req] = {}
+        self.prompt: Counter[str] = Counter()
+        self.decode: Counter[str] = Counter()
+        self.in_pass = False
+
+    # -- helpers ---------------------------------------------------------------------
+    def keys_in(self, state: str) -> list[object]:
+        return [k for k, r in self.model.items() if r.state == state]
+
+    def produce(self, key, n: int) -> None:
+        """The model of a charge of ``n`` tokens to ``key`` by charge_keys/outputs."""
+        r = self.model.get(key)
+        if r is None or n <= 0:
+            return
+        if r.state == RUNNING:
+            self.decode[r.tenant] += n
+        else:
+            r.owed += n
+
+    def admit_head(self, cached: int) -> None:
+        t = self.requests.head()
+        r = self.model[t.key]
+        assert r.state == WAITING
+        self.requests.admit(t, cached)
+        if not r.admitted:
+            self.prompt[r.tenant] += r.prompt - min(max(cached, 0), r.prompt)
+            r.admitted = True
+        self.decode[r.tenant] += r.owed
+        r.owed, r.state = 0, RUNNING
+
+    def forgotten(self, tenant: str) -> None:
+        """``tenant`` was forgotten, its tokens in the model with it."""
+
+    # -- the engine's calls ------------------------------------------------------------
+    @rule(key=KEYS, tenant=TENANTS, prompt=PROMPTS, priority=PRIORITIES)
+    def submit(self, key, tenant, prompt, priority):
+        if key in self.model:
+            try:
+                self.requests.submit(key, object(), tenant, prompt, priority)
+            except ValueError:
+                return
+            raise AssertionError(f"{key!r} tracked twice")
+        self.requests.submit(key, object(), tenant, prompt, priority)
+        self.model[key] = Req(tenant, min(max(int(prompt), 1), M))
+
+    @precondition(lambda self: self.core.num_waiting > 0)
+    @rule(cached=CACHED)
+    def admit(self, cached):
+        self.admit_head(cached)
+
+    @precondition(lambda self: self.core.num_waiting > 0)
+    @rule()
+    def set_aside(self):
+        t = self.requests.head()
+        self.requests.set_aside(t)
+        self.model[t.key].state = ASIDE
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def put_back(self, data):
+        key = data.draw(st.sampled_from(sorted(self.model, key=repr)))
+        self.requests.put_back(self.requests.get(key))
+        r = self.model[key]
+        r.state = WAITING
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def put_back_all(self, data):
+        keys = data.draw(st.lists(st.sampled_from(sorted(self.model, key=repr)), unique=True))
+        self.requests.put_back_all([self.requests.get(k) for k in keys])
+        for k in keys:
+            self.model[k].state = WAITING
+
+    @rule(key=KEYS, finished=st.booleans())
+    def release(self, key, finished):
+        t = self.requests.release(key, finished)
+        assert (t is None) == (key not in self.model)
+        self.model.pop(key, None)
+
+    @rule(produced=st.lists(st.tuples(KEYS, TOKENS), max_size=6))
+    def charge_keys(self, produced):
+        self.requests.charge_keys(produced)
+        for key, n in produced:
+            self.produce(key, n)
+
+    @rule(produced=st.lists(st.tuples(KEYS, TOKENS), max_size=6))
+    def charge_outputs(self, produced):
+        # Requests.charge_outputs' precondition: an output of an untracked request
+        # (aborted with output in flight) is ignored unless its key's key_id is a
+        # tracked request's id, which only a 64-bit hash collision makes it
+        rids = {self.requests.get(k).rid for k in self.model}
+        produced = [(k, n) for k, n in produced if k in self.model or key_id(k) not in rids]
+        outs = [Out(k, max(n, 0)) for k, n in produced]
+        self.requests.charge_outputs(outs)
+        for key, n in produced:
+            self.produce(key, n)
+
+    @precondition(lambda self: bool(self.keys_in(RUNNING)))
+    @rule(n=st.integers(1, 3), every=st.booleans())
+    def charge_running(self, n, every):
+        """A decode step of running requests only, each once (``running=True``):
+        every running request with the same count (uniform), or all but one."""
+        keys = self.keys_in(RUNNING)
+        if not every:
+            keys = keys[1:]
+        self.requests.charge_outputs([Out(k, n) for k in keys], running=True)
+        for key in keys:
+            self.produce(key, n)
+
+    @rule(totals=st.lists(st.tuples(KEYS, st.integers(0, 12)), max_size=6))
+    def charge_totals(self, totals):
+        self.requests.charge_totals(totals)
+        for key, total in totals:
+            r = self.model.get(key)
+            if r is not None and r.state == RUNNING and total > r.charged:
+                self.decode[r.tenant] += total - r.charged
+                r.charged = total
+
+    @rule(on=st.booleans())
+    def selecting(self, on):
+        self.requests.selecting(on)
+        self.in_pass = on
+
+    @precondition(lambda self: not self.in_pass)
+    @rule(tenant=TENANTS, by=st.sampled_from([1.0, 100.0]))
+    def raise_counter(self, tenant, by):
+        """What a shared counters' sync does between passes: a counter rises."""
+        self.core.raise_counter(tenant, self.core.counter(tenant) + by)
+
+    @rule()
+    def forget_idle(self):
+        """The sweep every FORGET_EVERY arrivals: only tenants with nothing tracked
+        go, and their token counts with them (the core's and the observers')."""
+        before = set(self.core.clients())
+        self.adapter.tenancy.forget_idle()
+        gone = before - set(self.core.clients())
+        event(f"forgot {len(gone)} tenants")
+        for tenant in gone:
+            assert all(r.tenant != tenant for r in self.model.values()), tenant
+            self.forgotten(tenant)
+            self.prompt.pop(tenant, None)
+            self.decode.pop(tenant, None)
+
+    # -- what must hold after every call -------------------------------------------------
+    @invariant()
+    def states_are_the_models_and_nothing_is_lost(self):
+        requests, core = self.requests, self.core
+        assert len(requests) == len(self.model)
+        rids = set()
+        for key, r in self.model.items():
+            t = requests.get(key)
+            assert t is not None and t.key == key and requests.find(t.rid) is t
+            assert requests.status(t) == r.state, (key, r)
+            rids.add(t.rid)
+        assert len(rids) == len(self.model)
+        waiting = len(self.keys_in(WAITING))
+        running = len(self.keys_in(RUNNING))
+        assert core.num_running == running
+        assert requests.num_aside == len(self.keys_in(ASIDE))
+        # each id in the core is a tracked one
+        assert set(core.running()) <= rids
+        assert core.num_waiting == waiting
+
+    @invariant()
+    def cached_answers_are_the_cores(self):
+        requests, core = self.requests, self.core
+        assert requests.num_waiting() == core.num_waiting
+        rid = core.peek()
+        head = requests.head()
+        assert (head is None) == (rid is None)
+        if head is not None:
+            assert head.rid == rid
+
+    @invariant()
+    def tokens_are_charged_once(self):
+        for tenant in ("x", "y", "z"):
+            have = self.core.client_tokens(tenant)
+            assert have == (self.prompt[tenant], self.decode[tenant]), tenant
+        assert +self.tally.prompt == +self.prompt
+        assert +self.tally.decode == +self.decode
+        self.core._check_invariants()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def series(registry: CollectorRegistry, name: str) -> dict[tuple, float]:
+    """The samples of ``name``, by their labels."""
+    return {
+        tuple(sorted(sample.labels.items())): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def by_label(samples: dict[tuple, float], key: str) -> Counter[str]:
+    """``samples`` summed over tenants, by the label ``key``."""
+    out: Counter[str] = Counter()
+    for labels, v in samples.items():
+        out[dict(labels)[key]] += v
+    return out
+
+
+class MetricsMachine(RequestsMachine):
+    """The same calls with the per-tenant Prometheus series on (two tenant labels for
+    three tenants, so the rest is summed under ``_other`` and labels move), refreshed
+    at every engine step: the token counters grew by exactly the tokens charged
+    since the last refresh (a counter's increase, as Prometheus reads it: a series
+    that ends, when its tenant loses its label or is forgotten, takes its total
+    with it, and a new one starts from 0), and the request gauges summed over
+    tenants are the core's waiting and running counts."""
+
+    @initialize()
+    def start(self):
+        super().start()
+        self.clock = Clock()
+        self.registry = CollectorRegistry()
+        self.metrics = TenantMetrics(
+            self.registry, max_tenants=2, interval=0.0, window=5.0, clock=self.clock
+        )
+        self.adapter.observers.append(self.metrics)
+        self.ever: Counter[str] = Counter()  # tokens charged, forgotten tenants' too
+
+    def forgotten(self, tenant: str) -> None:
+        self.ever["prompt"] += self.prompt[tenant]
+        self.ever["decode"] += self.decode[tenant]
+
+    def charged_so_far(self) -> Counter[str]:
+        return Counter(
+            prompt=self.ever["prompt"] + sum(self.prompt.values()),
+            decode=self.ever["decode"] + sum(self.decode.values()),
+        )
+
+    @rule(seconds=st.sampled_from([0.0, 0.5, 1.0, 7.0]))
+    def step_done(self, seconds):
+        self.clock.now += seconds
+        self.adapter.step_done()  # a refresh (interval 0)
+        tokens = series(self.registry, "vtc_tenant_service_tokens_total")
+        before = getattr(self, "tokens", {})
+        grown = by_label({k: v - before.get(k, 0.0) for k, v in tokens.items()}, "kind")
+        charged, last = self.charged_so_far(), getattr(self, "charged", Counter())
+        for kind in ("prompt", "decode"):
+            assert grown[kind] == charged[kind] - last[kind], (kind, before, tokens)
+        self.tokens, self.charged = tokens, charged
+        requests = by_label(series(self.registry, "vtc_tenant_requests"), "state")
+        assert requests["running"] == self.core.num_running
+        assert requests["waiting"] == self.core.num_waiting + self.requests.num_aside
+
+
+RequestsMachine.TestCase.settings = settings(
+    max_examples=400, stateful_step_count=50, deadline=None
+)
+TestRequests = RequestsMachine.TestCase
+MetricsMachine.TestCase.settings = RequestsMachine.TestCase.settings
+TestRequestsWithMetrics = MetricsMachine.TestCase
