@@ -194,13 +194,32 @@ def test_a_key_whose_hash_is_taken_gets_the_next_free_id_and_outputs_still_charg
     # of the same hash: 7 + (2**61 - 1) hashes to 7 in CPython
     twin = 7 + (2**61 - 1)
     second = reqs.submit(twin, None, "b", 10)
-    assert second.rid == 8 and reqs.overrides == {twin: 8}
+    assert second.rid == 8 and reqs.overrides == {7: 7, twin: 8}  # int keys: all there
     reqs.admit(first, 0)
     reqs.admit(second, 0)
     reqs.charge_outputs([Out(7, 1), Out(twin, 2)])  # the core reads the override
     assert (core.generated(7), core.generated(8)) == (1, 2)
     reqs.release(twin, finished=True)
+    assert reqs.overrides == {7: 7}
+    reqs.release(7, finished=True)
     assert reqs.overrides == {}
+
+
+def test_an_output_of_an_untracked_key_is_never_charged_to_another_request():
+    """1 and 2**61 hash alike: an output of 1, untracked (released with output in
+    flight, say), must not charge 2**61's request, which has core id 1."""
+    core, reqs = tracked_pair()
+    t = reqs.submit(2**61, None, "a", 10)
+    assert t.rid == 1
+    reqs.admit(t, 0)
+    reqs.charge_outputs([Out(1, 3)])
+    reqs.charge_outputs([Out(1, 3), Out(2**61, 2)])
+    assert core.generated(1) == 2 and core.client_tokens("a") == (10, 2)
+    s = reqs.submit("cmpl-x", None, "a", 10)  # a str key is found by its hash
+    reqs.admit(s, 0)
+    assert "cmpl-x" not in reqs.overrides
+    reqs.charge_outputs([Out("cmpl-x", 4), Out(2**61, 1)])
+    assert core.generated(s.rid) == 4 and core.generated(1) == 3
 
 
 def test_put_back_all_restores_set_aside_order_then_prepends_running_in_order():

@@ -132,7 +132,7 @@ class Probe:
             getattr(s, r.choice(["generated", "client_tokens", "credit", "status"]))(v())
         elif op == 23:
             outs = [Output(v(), self.ids()) for _ in range(r.randrange(0, 3))]
-            s.decode_outputs(outs, {}, missing=r.choice(["hash", "skip", "raise", v()]))
+            s.decode_outputs(outs, {}, missing=r.choice(["hash", "hash-str", "skip", "raise", v()]))
         elif op == 24:
             if r.random() < 0.7:
                 s.decode_uniform([Output(rid, [1]) for rid in s.running()])

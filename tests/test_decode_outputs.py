@@ -57,6 +57,21 @@ def test_hash_mode_names_requests_by_key_id():
     assert s.generated(vtc.key_id("cmpl-a")) == 3 and s.generated(5) == 4
 
 
+def test_hash_str_mode_hashes_only_str_keys():
+    """An int's hash is the int (mod 2**61 - 1): an int key that no live request
+    was submitted under may hash to another's id, so "hash-str" looks every key that
+    is not a str up in the mapping, and a str key not there by its hash."""
+    s = running_scheduler([1, vtc.key_id("cmpl-a"), 9])
+    s.decode_outputs([out("cmpl-a", 2), out(2**61, 3)], {2**61: 9}, missing="hash-str")
+    assert (s.generated(vtc.key_id("cmpl-a")), s.generated(9), s.generated(1)) == (2, 3, 0)
+    s.decode_outputs([out(2**61, 1)], {}, missing="hash")  # "hash" hashes it: request 1
+    assert s.generated(1) == 1
+    for key in [2**61, ("t", 1), b"cmpl-a"]:
+        with pytest.raises(vtc.UnknownRequestError, match="not in request_ids"):
+            s.decode_outputs([out(key, 1)], {}, missing="hash-str")
+    assert (s.generated(vtc.key_id("cmpl-a")), s.generated(9), s.generated(1)) == (2, 3, 1)
+
+
 def test_key_id_is_the_python_hash_as_u64():
     for key in ["", "req-1", "é", 0, -1, 2**70, ("a", 1)]:
         assert vtc.key_id(key) == hash(key) % 2**64
@@ -73,6 +88,15 @@ BAD = [
     ([out("a", 1), out("w", 1)], {"a": 1, "w": 3}, {}, vtc.RequestStateError, "request 3"),
     ([out("a", 1), out("gone", 1)], {"a": 1}, {"missing": "hash"}, vtc.UnknownRequestError, ""),
     ([out("a", 1)], {"a": 1}, {"missing": "ignore"}, vtc.InvalidArgumentError, '"ignore"'),
+    # 2**61 hashes to 1, a running request: "hash-str" hashes str keys only
+    (
+        [out("a", 1), out(2**61, 1)],
+        {"a": 2},
+        {"missing": "hash-str"},
+        vtc.UnknownRequestError,
+        str(2**61),
+    ),
+    ([out(2**61, 1)], {}, {"missing": "hash-str"}, vtc.UnknownRequestError, str(2**61)),
     ([out("a", 1), SimpleNamespace(new_token_ids=[1])], {"a": 1}, {}, TypeError, "outputs[1]"),
     ([SimpleNamespace(request_id="a", new_token_ids=5.0)], {"a": 1}, {}, TypeError, "5.0"),
     ([SimpleNamespace(request_id="a", new_token_ids=-2)], {"a": 1}, {}, ValueError, "-2"),

@@ -2,7 +2,8 @@
 engine shells drive, against a plain model of what it must keep.
 
 Every call an engine shell makes (submit, admit the head, skip it, put back,
-release, the four ways of charging, scheduling passes) in random order, with the
+release, the four ways of charging, scheduling passes, the engine's enqueue and
+the waiting set's safety net) in random order, with the
 awkward arguments engines pass: keys whose hashes collide (``-1`` and ``-2``,
 ``1`` and ``2**61``), prompt lengths and priorities out of range, cached lengths
 beyond the prompt, charges of unknown, repeated, waiting and set-aside requests,
@@ -32,7 +33,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prometheus_client import CollectorRegistry
 
 import vtc
-from vtc import key_id
 from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Observer
 from vtc.config import EngineConfig
 from vtc.metrics import TenantMetrics
@@ -177,11 +177,8 @@ class RequestsMachine(RuleBasedStateMachine):
 
     @rule(produced=st.lists(st.tuples(KEYS, TOKENS), max_size=6))
     def charge_outputs(self, produced):
-        # Requests.charge_outputs' precondition: an output of an untracked request
-        # (aborted with output in flight) is ignored unless its key's key_id is a
-        # tracked request's id, which only a 64-bit hash collision makes it
-        rids = {self.requests.get(k).rid for k in self.model}
-        produced = [(k, n) for k, n in produced if k in self.model or key_id(k) not in rids]
+        # outputs of untracked keys too (released with output in flight), whose
+        # key_id may be a tracked request's id (1 and 2**61): never charged
         outs = [Out(k, max(n, 0)) for k, n in produced]
         self.requests.charge_outputs(outs)
         for key, n in produced:
@@ -207,6 +204,26 @@ class RequestsMachine(RuleBasedStateMachine):
             if r is not None and r.state == RUNNING and total > r.charged:
                 self.decode[r.tenant] += total - r.charged
                 r.charged = total
+
+    @rule(key=KEYS, tenant=TENANTS, prompt=PROMPTS, charged=st.integers(0, 5))
+    def enqueue(self, key, tenant, prompt, charged):
+        """The engine put a request in its waiting queue (SGLang's path): one the core
+        holds goes back to waiting, any other arrives."""
+        self.adapter.enqueue(key, object(), [tenant], prompt, charged=charged)
+        r = self.model.get(key)
+        if r is not None:
+            r.state = WAITING
+        else:
+            self.model[key] = Req(tenant, min(max(int(prompt), 1), M), charged=charged)
+
+    @rule(keys=st.lists(KEYS, unique=True, max_size=5), tenant=TENANTS)
+    def sync_waiting(self, keys, tenant):
+        """The safety net: the engine's waiting queue is ``keys``."""
+        for key, r in list(self.model.items()):
+            if r.state == WAITING and key not in keys:
+                del self.model[key]
+        waiting = {key: key for key in keys}
+        self.requests.sync_waiting(waiting, lambda key: self.enqueue(key, tenant, 4, 0))
 
     @rule(on=st.booleans())
     def selecting(self, on):

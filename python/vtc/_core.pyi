@@ -527,7 +527,7 @@ class Scheduler:
         request_ids: dict[Hashable, int],
         /,
         *,
-        missing: Literal["error", "hash"] = "error",
+        missing: Literal["error", "hash", "hash-str"] = "error",
         id_attr: str = "request_id",
         tokens_attr: str = "new_token_ids",
     ) -> None:
@@ -538,8 +538,12 @@ class Scheduler:
         ``request_ids[key]``; a key not there is an ``UnknownRequestError``, or
         with ``missing="hash"`` names request ``key_id(key)`` (an engine that
         submits requests as ``key_id(its key)`` passes only the keys whose id
-        was taken). One call, no Python-level loop; all or nothing, like
-        ``decode(ids, tokens)``.
+        was taken). ``missing="hash-str"`` hashes only a ``str`` key (any other
+        is an ``UnknownRequestError``): a str's hash is salted per process, so
+        a key no live request was submitted under names one only by a 64-bit
+        collision, while an int's hash is the int itself (``1`` and ``2**61``
+        hash alike), so an engine with int keys passes them all in the mapping.
+        One call, no Python-level loop; all or nothing, like ``decode(ids, tokens)``.
         """
     def finish(self, request_id: int) -> None:
         """A running request is done: its prompt + generated tokens leave the KV budget."""

@@ -257,9 +257,11 @@ class Requests:
 
     A request's core id is ``key_id(key)`` (the hash of the engine's handle),
     so that ``charge_outputs`` can hand a step's output objects to the core
-    with no lookup here (``decode_outputs(missing="hash")``); the rare key
-    whose hash is taken by another live request gets the next free id, kept
-    in :attr:`overrides`. A request's state is the core's alone
+    with no lookup here (``decode_outputs(missing="hash-str")``); the rare key
+    whose hash is taken by another live request gets the next free id. Such a
+    key, and every key that is not a ``str`` (an int's hash is the int: an
+    output of an untracked int key could name another's request), is kept in
+    :attr:`overrides`, where the core looks it up. A request's state is the core's alone
     (``status(rid)``): nothing here can fall out of step with it.
 
     The engine's hot questions cost nothing when nothing changed since they
@@ -277,7 +279,8 @@ class Requests:
         self.observers = _Observers() if observers is None else observers
         self._by_key: dict[Hashable, Tracked] = {}
         self._by_rid: dict[int, Tracked] = {}
-        #: key -> core id, for the keys whose id is not ``key_id(key)``
+        #: key -> core id, for the keys the core cannot find by hashing: those
+        #: whose id is not ``key_id(key)``, and every key that is not a str
         self.overrides: dict[Hashable, int] = {}
         self._M = core.M
         self._aside: dict[Hashable, int] = {}  # key -> order it was set aside in
@@ -418,7 +421,7 @@ class Requests:
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
-        if moved:
+        if moved or type(key) is not str:
             self.overrides[key] = rid
         return t
 
@@ -617,11 +620,10 @@ class Requests:
         :attr:`uniform_steps`; any other step as above.
 
         An output of a request not tracked here (released with output in flight)
-        is not charged, unless its key's ``key_id`` is a tracked request's core
-        id: the tokens then go to that request. That takes keys whose hashes
-        collide (Python ints ``1`` and ``2**61``, say; never string ids short of
-        a 64-bit hash collision). A shell whose keys may collide passes only
-        the outputs of tracked requests (found by a stateful test that does not).
+        is not charged: only a ``str`` key is hashed (``missing="hash-str"``),
+        and a str's hash is salted per process, so it names a tracked request
+        only by a 64-bit collision; any other key is found in :attr:`overrides`
+        or not at all (``1`` and ``2**61`` hash alike).
         """
         if not outputs:
             return
@@ -636,7 +638,7 @@ class Requests:
                 self.core.decode_outputs(
                     outputs,
                     self.overrides,
-                    missing="hash",
+                    missing="hash-str",
                     id_attr=id_attr,
                     tokens_attr=tokens_attr,
                 )

@@ -275,7 +275,8 @@ impl PyScheduler {
     /// itself: for each object, `len(obj.<tokens_attr>)` tokens (or the int
     /// it holds) are charged to the request its key `obj.<id_attr>` names:
     /// `request_ids[key]`, or with `missing="hash"` and a key not there,
-    /// `key_id(key)`. One call with no Python-level loop; all or nothing.
+    /// `key_id(key)` (with `missing="hash-str"`, only for a `str` key). One
+    /// call with no Python-level loop; all or nothing.
     #[pyo3(signature = (outputs, request_ids, /, *, missing = "error", id_attr = "request_id", tokens_attr = "new_token_ids"))]
     fn decode_outputs(
         &self,
@@ -286,7 +287,7 @@ impl PyScheduler {
         id_attr: &str,
         tokens_attr: &str,
     ) -> Result<()> {
-        let hashed = missing_arg(missing)?;
+        let missing = missing_arg(missing)?;
         // Never sized from `len(outputs)` (it may lie); an iterable other
         // than a list is read up to one more output than there are running
         // requests (more is an error whatever they hold).
@@ -295,7 +296,7 @@ impl PyScheduler {
         } else {
             self.lock(py)?.core.num_running().saturating_add(1)
         };
-        let read = Outputs::read(outputs, request_ids, hashed, id_attr, tokens_attr, limit)?;
+        let read = Outputs::read(outputs, request_ids, missing, id_attr, tokens_attr, limit)?;
         let mut g = self.lock(py)?;
         if read.more {
             g.core

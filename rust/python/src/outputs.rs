@@ -23,14 +23,29 @@ pub(crate) fn key_id(key: &Bound<'_, PyAny>) -> Result<u64> {
     Ok(key.hash()? as u64)
 }
 
-/// `decode_outputs`'s `missing=`: whether a key its mapping does not hold is
-/// hashed (`"hash"`) or an error (`"error"`).
-pub(crate) fn missing_arg(missing: &str) -> Result<bool> {
+/// `decode_outputs`'s `missing=`: what names the request of a key its
+/// mapping does not hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// Nothing: an `UnknownRequestError`.
+    Error,
+    /// `key_id(key)`, whatever the key's type.
+    Hash,
+    /// `key_id(key)` for an exact `str` key, else an `UnknownRequestError`.
+    /// A str's hash is salted per process (SipHash), so a key no live request
+    /// was submitted under names one only by a 64-bit collision; an int's hash
+    /// is the int itself (mod `2**61 - 1`), so an untracked int key can name a
+    /// live request of another key (`1` and `2**61`).
+    HashStr,
+}
+
+pub(crate) fn missing_arg(missing: &str) -> Result<Missing> {
     match missing {
-        "error" => Ok(false),
-        "hash" => Ok(true),
+        "error" => Ok(Missing::Error),
+        "hash" => Ok(Missing::Hash),
+        "hash-str" => Ok(Missing::HashStr),
         other => Err(invalid(format!(
-            "missing must be \"error\" or \"hash\", got {other:?}"
+            "missing must be \"error\", \"hash\" or \"hash-str\", got {other:?}"
         ))),
     }
 }
@@ -48,21 +63,21 @@ pub(crate) struct Outputs {
 
 impl Outputs {
     /// Read `outputs` (a list whole, any other iterable up to `limit`
-    /// objects): the key of each is looked up in `request_ids`, or with
-    /// `hashed` and a key not there (or an empty mapping, then not
-    /// consulted), is `key_id(key)`. Everything that may run Python code
+    /// objects): the key of each is looked up in `request_ids`, or if not
+    /// there (or the mapping is empty, then not consulted) named as `missing`
+    /// says. Everything that may run Python code
     /// (attribute getters, `__len__`, `__hash__`) happens here, before the
     /// caller takes the lock.
     pub(crate) fn read(
         outputs: &Bound<'_, PyAny>,
         request_ids: &Bound<'_, PyDict>,
-        hashed: bool,
+        missing: Missing,
         id_attr: &str,
         tokens_attr: &str,
         limit: usize,
     ) -> Result<Outputs> {
         let py = outputs.py();
-        let consult = !(hashed && request_ids.is_empty());
+        let consult = missing == Missing::Error || !request_ids.is_empty();
         let id_name = PyString::intern(py, id_attr);
         let tokens_name = PyString::intern(py, tokens_attr);
         let mut o = Outputs {
@@ -79,7 +94,10 @@ impl Outputs {
             };
             let rid = match found {
                 Some(rid) => request_id_arg(&rid)?,
-                None if hashed => key_id(&key)?,
+                None if missing == Missing::Hash => key_id(&key)?,
+                None if missing == Missing::HashStr && key.is_exact_instance_of::<PyString>() => {
+                    key_id(&key)?
+                }
                 None => {
                     return Err(Error::Arg(
                         Kind::UnknownRequest,
