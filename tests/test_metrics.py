@@ -471,7 +471,7 @@ def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
     adapter.step_done()
     assert adapter.tenancy.forget_idle() > 0
     forgotten = sorted(running.keys() - adapter.core.counters().keys())
-    assert forgotten and metrics._mirror.keys().isdisjoint(forgotten)
+    assert forgotten and set(metrics._mirror.keys()).isdisjoint(forgotten)
     adapter.arrive("back", None, [forgotten[0]], 10)  # forgotten, and back
     clock.now += 1.0
     adapter.step_done()
@@ -480,13 +480,13 @@ def test_a_refresh_reads_and_sets_only_the_tenants_that_changed():
 
 def _mirrored(metrics, field):
     """One field of every tenant's mirror row (0: counter, 1: service)."""
-    return {tenant: row[field] for tenant, row in metrics._mirror.items()}
+    return {tenant: row[field] for tenant, row in metrics._mirror.rows().items()}
 
 
 def _mirrored_active(metrics):
     """The mirror's (waiting, running) of the tenants with requests, as
     ``Scheduler.active_clients()`` gives them."""
-    return {t: (row[4], row[5]) for t, row in metrics._mirror.items() if row[4] or row[5]}
+    return {t: (row[4], row[5]) for t, row in metrics._mirror.rows().items() if row[4] or row[5]}
 
 
 def _series_totals(registry, name, key):
@@ -564,11 +564,12 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
                 assert value(registry, "vtc_fairness_jain_index") == pytest.approx(
                     jain, rel=1e-12, nan_ok=True
                 )
-            assert {t: row[2:4] for t, row in metrics._mirror.items()} == core.tokens()
-            assert metrics._n_active == len(core.active_clients())
+            assert {t: row[2:4] for t, row in metrics._mirror.rows().items()} == core.tokens()
+            n_active, waiting, running = metrics._mirror.totals()
+            assert n_active == metrics._n_active == len(core.active_clients())
             assert value(registry, "vtc_tenants_active") == len(core.active_clients())
-            assert metrics._waiting == sum(w for w, _ in core.active_clients().values())
-            assert metrics._running == sum(r for _, r in core.active_clients().values())
+            assert waiting == sum(w for w, _ in core.active_clients().values())
+            assert running == sum(r for _, r in core.active_clients().values())
             tokens = _series_totals(registry, "vtc_tenant_service_tokens_total", "kind")
             assert sum(tokens.values()) + removed == charged["prompt"] + charged["decode"]
 

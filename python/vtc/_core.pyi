@@ -33,6 +33,7 @@ __all__ = [
     "QuadraticCost",
     "ContextCost",
     "FairnessWindow",
+    "MetricsMirror",
     "SyncLedger",
     "key_id",
     "SchedulerError",
@@ -203,6 +204,63 @@ class FairnessWindow:
         it gained more than ``factor`` times as much. ``limit`` < 0:
         ``InvalidArgumentError``; not a ``Scheduler``, a key, an int, a float or a str:
         ``TypeError``."""
+
+@final
+class MetricsMirror:
+    """The per-tenant metrics' mirror of every tenant (``vtc.metrics``), kept in the
+    core: each keyed client's last row read from a scheduler's change feed
+    (``Scheduler.changes``), the prompt and decode tokens not yet taken, and the
+    totals over every tenant, so a refresh's Python touches only the labelled
+    tenants' rows and the sums of the rest. A tenant's tokens grew by the difference
+    of its tallies with its last row (both from zero when either went back: forgotten
+    and back); a full read compares each client with its key's row and drops the keys
+    it no longer has. A dropped tenant's tokens not yet taken stay its key's until
+    the next ``take``. Tenants are keys, an int key and a str of the same digits two
+    tenants."""
+
+    def __new__(cls) -> Self: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool:
+        """Not a key: ``TypeError``."""
+    def read(self, scheduler: Scheduler, reader: int | None = None) -> bool:
+        """Apply ``scheduler``'s changes since reader slot ``reader``'s (default 0)
+        last call (``Scheduler.changes``: forgotten clients dropped first); whether it
+        was a full read. Not a ``Scheduler``: ``TypeError``; a reader outside
+        ``[0, CHANGE_READERS)``: ``InvalidArgumentError``."""
+    def drop(self, keys: Iterable[_ClientKey], fold: bool) -> None:
+        """Drop the tenants of ``keys`` (the core forgets them): their tokens not yet
+        taken stay their keys' (``fold`` False: their own at the next ``take`` if
+        labelled then), or go to the sum of the rest (``fold`` True). Not a key:
+        ``TypeError``."""
+    def take(
+        self, labelled: Iterable[_ClientKey], fresh: Iterable[_ClientKey]
+    ) -> tuple[
+        list[tuple[int, float | None, int, int]],
+        list[tuple[int, int, int]],
+        int,
+        int,
+        int,
+        int,
+        int,
+    ]:
+        """A refresh's part: ``(rows, increments, other_prompt, other_decode,
+        other_waiting, other_running, active)`` for ``labelled`` (the tenants with a
+        label; a key repeated counts once, at its first index). ``rows``: ``(index
+        into labelled, counter, waiting, running)`` of each labelled tenant changed
+        since the last ``take``, or in ``fresh``, the counter None for a tenant not
+        mirrored; ``increments``: ``(index, prompt, decode)`` tokens of each labelled
+        tenant with some; ``other_prompt``, ``other_decode``: every other tenant's
+        tokens (dropped ones' included), summed; ``other_waiting``, ``other_running``:
+        the requests of the tenants not labelled; ``active``: tenants with waiting or
+        running requests. Every token is taken and every tenant marked unchanged. Not
+        a key: ``TypeError``."""
+    def keys(self) -> list[_ClientKey]:
+        """Every tenant's key."""
+    def rows(self) -> dict[_ClientKey, tuple[float, float, int, int, int, int]]:
+        """Every tenant's row as ``Scheduler.changes`` gives it: ``(counter, service,
+        prompt tokens, decode tokens, waiting, running)``."""
+    def totals(self) -> tuple[int, int, int]:
+        """``(active, waiting, running)`` over every tenant."""
 
 @final
 class SyncLedger:

@@ -5,8 +5,10 @@ refreshes the series if ``interval`` seconds have passed. Between refreshes a
 step costs nothing but a clock read. A refresh reads only the tenants that changed
 since the last one (``Scheduler.changes``, reader slot :data:`CHANGES_READER`: their
 counters, services, token tallies and request counts, and the tenants forgotten),
-into a mirror of every tenant kept here, and before the core forgets tenants (whose
-tallies go with them); the adapter tells it only of admissions and preemptions.
+into a mirror of every tenant kept in the core (``vtc._core.MetricsMirror``, which
+gives back only the labelled tenants' rows and increments and the sums of the rest),
+and before the core forgets tenants (whose tallies go with them); the adapter tells
+it only of admissions and preemptions.
 The window is the core's (``vtc._core.FairnessWindow``, which keeps its snapshots of
 every tenant's service): Jain's index and the counter spread in one call, then the
 labelled tenants' gains and the candidates for a label; the core must be a
@@ -70,13 +72,12 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from itertools import repeat
-from operator import itemgetter, mul
+from operator import mul
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-from vtc._core import FairnessWindow
+from vtc._core import FairnessWindow, MetricsMirror
 from vtc.config import METRICS_CHANGES_READER
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
@@ -249,11 +250,6 @@ def _has_children_dict(metric: Any) -> bool:
     )
 
 
-#: a mirror row of a tenant not mirrored yet: nothing counted
-_ZERO = (0.0, 0.0, 0, 0, 0, 0)
-_waiting, _running = itemgetter(4), itemgetter(5)
-
-
 def _label(tenant: int | str) -> str:
     """The ``tenant`` label value of a core's key: a name as it is, an int key's
     decimal form (so ``1`` and ``"1"`` have the same: :meth:`TenantMetrics._claim`)."""
@@ -390,19 +386,13 @@ class TenantMetrics(Observer):
         self._last = -math.inf
         self._idle = True
         self._longest = 0  # the longest prompt admitted (L of the bound)
-        # increments not yet on the series, by tenant
+        # preemptions not yet on the series, by tenant
         # (tenants are the core's keys, as they are: names, or int keys)
-        self._prompt: dict[int | str, int] = {}
-        self._decode: dict[int | str, int] = {}
         self._preempt: dict[int | str, int] = {}
-        # the mirror of every tenant the core has, from Scheduler.changes: its row as
-        # the core gave it, (counter, service, prompt tokens, decode tokens, waiting,
-        # running), kept whole (one dict store per changed tenant)
+        # the mirror of every tenant the core has, from Scheduler.changes, in the
+        # core: its rows, the token increments not yet on the series, the totals
         self._core: Any = None  # the core mirrored
-        self._mirror: dict[int | str, tuple[float, float, int, int, int, int]] = {}
-        self._n_active = 0  # tenants with waiting or running requests
-        self._waiting = self._running = 0  # over every tenant
-        self._dirty: set[int | str] = set()  # changed since the last refresh
+        self._mirror = MetricsMirror()
         self._labelled: set[int | str] = set()  # tenants with their own series
         self._warned = False  # of a tenant passed over: its label value was taken
         # tenant -> {(metric id, *labels): [child, last value set]}
@@ -426,11 +416,15 @@ class TenantMetrics(Observer):
         self._preempt[t.tenant] = self._preempt.get(t.tenant, 0) + 1
 
     def forgot(self, tenants: list[str]) -> None:
+        labelled = self._labelled
+        # an unlabelled tenant's tokens go to _other now, a labelled one's stay its
+        # own until the next refresh's labels
+        self._mirror.drop([t for t in tenants if t not in labelled], True)
+        self._mirror.drop([t for t in tenants if t in labelled], False)
         for tenant in tenants:
-            self._drop(tenant)
             self._fold_into_other(tenant)
             self._remove(tenant)
-            self._labelled.discard(tenant)
+            labelled.discard(tenant)
         self._compact()
 
     def stepped(self, adapter: AdapterView) -> None:
@@ -452,39 +446,50 @@ class TenantMetrics(Observer):
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
-        changed, old = self._read(adapter.core)
-        mirror, dirty = self._mirror, self._dirty
+        self._read(adapter.core)
 
         # Jain's index and the spread over the backlogged tenants, from the core's
         # own snapshots of the window (FairnessWindow: one pass in Rust), which
         # then gives the tenants' gains over the window for the labels.
         jain, spread, _ = self._fairness.refresh(adapter.core, now)
-        self._relabel(adapter.core, mirror)
+        self._relabel(adapter.core)
         labelled = self._labelled
-        # the tallies after the labels: an unlabelled tenant's increments are summed
-        # straight into _other's (no per-tenant entry to move there afterwards)
-        self._tally(changed, old, labelled)
-        for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
-            unlabelled = pending.keys() - labelled
-            if unlabelled:  # to _other (its own increments included)
-                pending[OTHER] = sum(map(pending.pop, unlabelled))
-        self._flush_counters()
+        # the labelled tenants' rows (changed, or without their gauges yet) and
+        # increments, and the sums of the rest (MetricsMirror.take: one call)
+        names = list(labelled)
+        rows = self._rows
+        taken, increments, other_p, other_d, other_w, other_r, n_active = self._mirror.take(
+            names, labelled - rows.keys()
+        )
+        self._n_active = n_active
+        preempt = self._preempt
+        unlabelled = preempt.keys() - labelled
+        if unlabelled:  # to _other (its own increments included)
+            preempt[OTHER] = sum(map(preempt.pop, unlabelled))
+        service, child = self.service, self._child
+        for i, p, d in increments:
+            if p:
+                child(service, names[i], "prompt")[0].inc(p)
+            if d:
+                child(service, names[i], "decode")[0].inc(d)
+        if other_p:
+            child(service, OTHER, "prompt")[0].inc(other_p)
+        if other_d:
+            child(service, OTHER, "decode")[0].inc(other_d)
+        for tenant, n in preempt.items():
+            child(self.preemptions, tenant)[0].inc(n)
+        preempt.clear()
 
-        rows, weight = self._rows, adapter.tenancy.weight
-        # the labelled tenants that changed, and those without their gauges yet
-        for tenant in (labelled & dirty) | (labelled - rows.keys()):
+        weight = adapter.tenancy.weight
+        for i, c, w, r in taken:
+            tenant = names[i]
             row = rows.get(tenant)
             if row is None:
                 row = self._row(tenant)
-            m = mirror.get(tenant)
-            c, w, r = (None, 0, 0) if m is None else (m[0], m[4], m[5])
             for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
                 if entry[1] != value and value is not None:
                     entry[0].set(value)
                     entry[1] = value
-        counts = [row for row in map(mirror.get, labelled) if row is not None]
-        other_w = self._waiting - sum(map(_waiting, counts))
-        other_r = self._running - sum(map(_running, counts))
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
@@ -508,23 +513,19 @@ class TenantMetrics(Observer):
         # None: the window has no start before now yet (the first refresh).
         if jain is not None:
             self.jain.set(jain)
-        dirty.clear()
         self._compact()
 
     def _pull(self, core: Any) -> None:
-        """Apply the core's changes since the last pull to the mirror and the pending
-        increments by tenant (:meth:`_read`, then :meth:`_tally` keeping every
-        tenant's increments its own: the pull made before the core forgets tenants,
-        whose increments :meth:`forgot` then moves to ``_other`` unless labelled)."""
-        self._tally(*self._read(core), None)
+        """Apply the core's changes since the last pull to the mirror (made before
+        the core forgets tenants, whose tallies go with them; their increments stay
+        theirs in the mirror until :meth:`forgot` or the next refresh)."""
+        self._read(core)
 
-    def _read(self, core: Any) -> tuple[dict[int | str, Any], list[Any]]:
-        """Apply the core's changes since the last pull to the mirror (each changed
-        tenant's row stored as the core gave it: one dict update) and mark the
-        changed tenants dirty; ``(changed, old)``: the changed rows by tenant and
-        their rows before, in the same order (:data:`_ZERO` for a tenant not
-        mirrored), for :meth:`_tally`. A core not pulled from before (a new
-        TenantMetrics, another core), or whose reader slot another TenantMetrics
+    def _read(self, core: Any) -> None:
+        """Apply the core's changes since the last pull to the mirror
+        (``MetricsMirror.read``: the changed tenants' rows, their token increments,
+        the totals, the tenants forgotten dropped). A core not pulled from before (a
+        new TenantMetrics, another core), or whose reader slot another TenantMetrics
         pulled from since (:data:`_READERS`), starts the slot again: a full read,
         after which the tenants no longer there are dropped."""
         reader = _READERS.get(id(core))
@@ -534,60 +535,9 @@ class TenantMetrics(Observer):
                 _release_reader(id(self._core), self)
             self._core = core
             _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
-        full, changed, gone = core.changes(CHANGES_READER)
-        mirror = self._mirror
-        if full:
-            gone = [t for t in mirror if t not in changed]
-        for tenant in gone:
-            self._drop(tenant)
-        old = list(map(mirror.get, changed, repeat(_ZERO)))
-        mirror.update(changed)
-        self._dirty.update(changed)
-        return changed, old
+        self._mirror.read(core, CHANGES_READER)
 
-    def _tally(
-        self, changed: dict[int | str, Any], old: list[Any], labelled: set[int | str] | None
-    ) -> None:
-        """Add up what :meth:`_read`'s rows changed by: the waiting and running
-        requests over every tenant, the active tenants, and what the token tallies
-        grew by (a tally that went back started again: a tenant forgotten and back)
-        to the pending increments, by tenant for the tenants in ``labelled`` (every
-        tenant if None), summed into ``_other``'s for the others."""
-        prompt, decode = self._prompt, self._decode
-        n_active, waiting, running = self._n_active, self._waiting, self._running
-        other_p = other_d = 0
-        for (tenant, (_, _, p, d, w, r)), (_, _, p0, d0, w0, r0) in zip(changed.items(), old):
-            if w != w0 or r != r0:
-                waiting += w - w0
-                running += r - r0
-                n_active += bool(w or r) - bool(w0 or r0)
-            if p0 > p or d0 > d:
-                p0 = d0 = 0
-            if labelled is not None and tenant not in labelled:
-                other_p += p - p0
-                other_d += d - d0
-                continue
-            if p > p0:
-                prompt[tenant] = prompt.get(tenant, 0) + p - p0
-            if d > d0:
-                decode[tenant] = decode.get(tenant, 0) + d - d0
-        self._n_active, self._waiting, self._running = n_active, waiting, running
-        if other_p:
-            prompt[OTHER] = prompt.get(OTHER, 0) + other_p
-        if other_d:
-            decode[OTHER] = decode.get(OTHER, 0) + other_d
-
-    def _drop(self, tenant: int | str) -> None:
-        """Take a tenant the core forgot out of the mirror."""
-        row = self._mirror.pop(tenant, None)
-        self._dirty.discard(tenant)
-        if row is not None:
-            w, r = row[4], row[5]
-            self._waiting -= w
-            self._running -= r
-            self._n_active -= bool(w or r)
-
-    def _relabel(self, core: Any, tenants: dict[int | str, Any]) -> None:
+    def _relabel(self, core: Any) -> None:
         """Give at most ``max_tenants`` of the most served tenants (their service
         gained over the window, as of this refresh) their own series, with
         hysteresis: a free label goes to the most served tenant without one (ties:
@@ -603,12 +553,12 @@ class TenantMetrics(Observer):
         against the bar, the candidates' order and label values, the swaps), and
         the Python work is for the labels that change; with every tenant fitting, the
         new ones take labels here (by name)."""
-        limit, labelled = self.max_tenants, self._labelled
+        limit, labelled, tenants = self.max_tenants, self._labelled, self._mirror
         for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
             self._remove(tenant)
             labelled.discard(tenant)
         if len(tenants) <= limit:
-            new = tenants.keys() - labelled
+            new = set(tenants.keys()) - labelled
             if new:
                 labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
             return
@@ -677,22 +627,14 @@ class TenantMetrics(Observer):
         )
 
     def _fold_into_other(self, tenant: int | str) -> None:
-        """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""
+        """Move ``tenant``'s pending preemptions to ``_other`` unless it is labelled
+        (its tokens: ``MetricsMirror.drop``)."""
         if tenant in self._labelled:
             return
-        for pending in (self._prompt, self._decode, self._preempt):
-            n = pending.pop(tenant, 0)
-            if n:
-                pending[OTHER] = pending.get(OTHER, 0) + n
-
-    def _flush_counters(self) -> None:
-        for kind, pending in (("prompt", self._prompt), ("decode", self._decode)):
-            for tenant, n in pending.items():
-                self._child(self.service, tenant, kind)[0].inc(n)
-            pending.clear()
-        for tenant, n in self._preempt.items():
-            self._child(self.preemptions, tenant)[0].inc(n)
-        self._preempt.clear()
+        pending = self._preempt
+        n = pending.pop(tenant, 0)
+        if n:
+            pending[OTHER] = pending.get(OTHER, 0) + n
 
     def _child(self, metric: Any, tenant: int | str, *labels: str) -> list[Any]:
         """``[child, last value set]`` of a series, its child made once (labels() is

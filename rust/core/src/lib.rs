@@ -28,6 +28,7 @@ mod keys;
 pub mod ledger;
 pub mod limits;
 mod lookup;
+pub mod mirror;
 pub mod relabel;
 mod scheduler;
 mod snapshot;

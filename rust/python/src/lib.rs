@@ -25,6 +25,7 @@ mod fairness;
 mod keys;
 mod ledger;
 mod lookup;
+mod mirror;
 mod outputs;
 mod views;
 
@@ -459,6 +460,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
     m.add_class::<fairness::PyFairnessWindow>()?;
+    m.add_class::<mirror::PyMetricsMirror>()?;
     m.add_class::<ledger::PySyncLedger>()?;
     m.add_function(wrap_pyfunction!(outputs::key_id, m)?)?;
     m.add("SchedulerError", py.get_type::<errors::SchedulerError>())?;

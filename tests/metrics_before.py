@@ -1,0 +1,752 @@
+"""Per-tenant Prometheus metrics of an engine's VTC, as an adapter observer.
+
+:class:`TenantMetrics` is a :class:`vtc.observer.Observer`: after every step it
+refreshes the series if ``interval`` seconds have passed. Between refreshes a
+step costs nothing but a clock read. A refresh reads only the tenants that changed
+since the last one (``Scheduler.changes``, reader slot :data:`CHANGES_READER`: their
+counters, services, token tallies and request counts, and the tenants forgotten),
+into a mirror of every tenant kept here, and before the core forgets tenants (whose
+tallies go with them); the adapter tells it only of admissions and preemptions.
+The window is the core's (``vtc._core.FairnessWindow``, which keeps its snapshots of
+every tenant's service): Jain's index and the counter spread in one call, then the
+labelled tenants' gains and the candidates for a label; the core must be a
+``vtc.Scheduler``. A tenant is a key of the core, as it is: a name (the adapter's)
+or an int key (a core used directly), which is its own tenant beside a name of the
+same digits (``1`` and ``"1"`` are two tenants).
+
+===================================  =========  ====================================
+series                               type       meaning
+===================================  =========  ====================================
+``vtc_tenant_service_tokens_total``  counter    tokens charged, ``kind`` = ``prompt``
+                                                (prefix-cache hits excluded) or
+                                                ``decode``
+``vtc_tenant_counter``               gauge      the tenant's virtual counter
+``vtc_tenant_weight``                gauge      the tenant's weight in force (1 unless
+                                                configured; follows ``VTC_WEIGHTS_FILE``)
+``vtc_tenant_requests``              gauge      requests, ``state`` = ``waiting``
+                                                (or set aside) or ``running``
+``vtc_tenant_preemptions_total``     counter    preemptions of the tenant's requests
+``vtc_tenants_active``               gauge      tenants with waiting or running requests
+``vtc_fairness_jain_index``          gauge      Jain's index of the backlogged tenants'
+                                                service rates over ``window`` seconds,
+                                                per unit of weight (the core's
+                                                services): 1 = fair; NaN: none of
+                                                them was served
+``vtc_counter_spread``               gauge      max - min counter of backlogged tenants
+``vtc_fairness_bound``               gauge      ``2 * max(wp * L, wq * M)``: ``L`` the
+                                                longest prompt admitted, ``M`` the KV
+                                                budget (NaN when the engine does not
+                                                give one)
+===================================  =========  ====================================
+
+Cardinality is bounded: at most ``max_tenants`` tenants get their own ``tenant``
+label, among the most served over the window (ties: by name), kept with
+hysteresis (:data:`LABEL_MARGIN`, :meth:`TenantMetrics._relabel`); the others
+are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
+counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
+``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
+that the core forgets, are removed. Tenant names are label values as they are, never parsed;
+an int key's label value is its decimal form. A label value is one tenant's: a tenant
+whose value another tenant's label holds (``1`` while ``"1"`` has its label, or the
+other way round) gets no label of its own while that one keeps it (it is summed under
+``_other``, and a warning says so once per :class:`TenantMetrics`). Of two taking
+labels at one refresh, the name takes it while every tenant fits in ``max_tenants``,
+else the more served (ties: the name). A tenant named ``_other`` never has a label of its own
+(that value is the sum's): it is summed under ``_other``, with the same warning.
+
+In prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, how vLLM and
+SGLang serve a scheduler process's metrics) the series live in files of vtc's own
+(:mod:`vtc.multiproc`), from which a removed series leaves too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import math
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from itertools import repeat
+from operator import itemgetter, mul
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from vtc._core import FairnessWindow
+from vtc.config import METRICS_CHANGES_READER
+from vtc.multiproc import SeriesFiles
+from vtc.observer import AdapterView, Observer, Tracked
+
+__all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
+
+_log = logging.getLogger("vtc")
+
+#: the reader slot of ``Scheduler.changes`` the metrics use, shared by every
+#: TenantMetrics on one core: one that pulls after another did starts the slot again
+#: (a full read; see :meth:`TenantMetrics._read`); the slots are assigned in
+#: :mod:`vtc.config` (the shared-counter sync reads ``SYNC_CHANGES_READER``)
+CHANGES_READER = METRICS_CHANGES_READER
+
+OTHER = "_other"
+"""The ``tenant`` label of the tenants beyond ``max_tenants``."""
+
+
+#: a tenant outside the labelled set takes the label of a labelled one outside the
+#: top ``max_tenants`` when served more than ``1 + LABEL_MARGIN`` times as much over
+#: the window: tenants served alike keep their labels (a swap ends series and
+#: starts others, and rewrites vtc's multiprocess files)
+LABEL_MARGIN = 1.0
+
+#: ``vtc_sync_seconds`` buckets: loopback syncs take ~0.2 ms, a timeout 100 ms
+SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class _Families:
+    """The metric families of one registry (each can be registered only once)."""
+
+    def __init__(self, registry: Any, files: SeriesFiles | None) -> None:
+        self.files = files
+        with self.creating():
+            self._create(registry)
+
+    def creating(self) -> contextlib.AbstractContextManager[None]:
+        """The block in which series are made: with the values in vtc's own files
+        in multiprocess mode."""
+        return contextlib.nullcontext() if self.files is None else self.files.creating()
+
+    def _create(self, registry: Any) -> None:
+        reg = {"registry": registry}
+        # Several scheduler processes may write one multiprocess directory (vLLM's
+        # data-parallel ranks): a process's gauges go with it ("live"), requests
+        # add up over them, active tenants show the most any one of them has (a
+        # tenant active on two ranks would be counted twice by a sum), and the
+        # rest are each process's own, the most recently written shown.
+        live = {**reg, "multiprocess_mode": "livemostrecent"}
+        summed = {**reg, "multiprocess_mode": "livesum"}
+        most = {**reg, "multiprocess_mode": "livemax"}
+        self.service = Counter(
+            "vtc_tenant_service_tokens", "Tokens charged to a tenant", ["tenant", "kind"], **reg
+        )
+        self.counter = Gauge("vtc_tenant_counter", "A tenant's virtual counter", ["tenant"], **live)
+        self.weight = Gauge(
+            "vtc_tenant_weight",
+            "A tenant's weight (VTC_WEIGHTS, VTC_WEIGHTS_FILE)",
+            ["tenant"],
+            **live,
+        )
+        self.requests = Gauge(
+            "vtc_tenant_requests", "A tenant's requests by state", ["tenant", "state"], **summed
+        )
+        self.preemptions = Counter(
+            "vtc_tenant_preemptions", "Preemptions of a tenant's requests", ["tenant"], **reg
+        )
+        self.active = Gauge(
+            "vtc_tenants_active", "Tenants with waiting or running requests", **most
+        )
+        self.jain = Gauge(
+            "vtc_fairness_jain_index", "Jain's index of backlogged tenants' service rates", **live
+        )
+        self.spread = Gauge("vtc_counter_spread", "Max - min counter of backlogged tenants", **live)
+        self.bound = Gauge("vtc_fairness_bound", "The bound the counter spread stays under", **live)
+        self.sync_seconds = Histogram(
+            "vtc_sync_seconds",
+            "Duration of one shared-counter sync with Redis (its round trips)",
+            buckets=SYNC_BUCKETS,
+            **reg,
+        )
+        self.sync_degraded = Gauge(
+            "vtc_sync_degraded",
+            "1 while shared counters are unreachable (VTC schedules locally)",
+            **live,
+        )
+        self.labelled = (self.service, self.counter, self.weight, self.requests, self.preemptions)
+        self.by_id = {id(m): m for m in self.labelled}
+        # a child made by labels() of each labelled family, the pattern of the next
+        # ones (:meth:`child`); none: prometheus_client's internals not as expected
+        self._patterns: dict[int, Any] | None = (
+            {} if _CHILDREN_TESTED and all(map(_has_children_dict, self.labelled)) else None
+        )
+        self.unlabelled = (
+            self.active,
+            self.jain,
+            self.spread,
+            self.bound,
+            self.sync_seconds,
+            self.sync_degraded,
+        )
+
+    # A tenant that gains a label gets ~6 series and one that loses it loses them:
+    # through prometheus_client's labels() and remove() ~10-20 us each (labels()
+    # builds the child through the metric's constructor, validating its name and
+    # label names again; remove() looks the multiprocess variables up in the
+    # environment), the largest part of a refresh with labels changing. These two
+    # do what those calls do to the family's children (a dict under its lock, a
+    # child made as labels() makes it) without the checks, which the first child
+    # of each family passed; with prometheus_client's internals not as expected,
+    # they call labels() and remove().
+    def child(self, metric: Any, labelvalues: tuple[str, ...]) -> Any:
+        """``metric.labels(*labelvalues)`` (str values, the right count), made in
+        :meth:`creating`."""
+        patterns = self._patterns
+        pattern = None if patterns is None else patterns.get(id(metric))
+        if pattern is None:
+            child = metric.labels(*labelvalues)
+            if patterns is not None:
+                patterns[id(metric)] = child
+            return child
+        with metric._lock:
+            child = metric._metrics.get(labelvalues)
+            if child is None:
+                child = object.__new__(type(pattern))
+                child.__dict__.update(pattern.__dict__)  # name, labels, docs, mode
+                child._labelvalues = labelvalues
+                child._metric_init()  # its own value (and a counter's creation time)
+                metric._metrics[labelvalues] = child
+        return child
+
+    def remove(self, metric: Any, labelvalues: tuple[str, ...]) -> None:
+        """``metric.remove(*labelvalues)`` (str values, the right count)."""
+        if self._patterns is None:
+            metric.remove(*labelvalues)
+            return
+        with metric._lock:
+            metric._metrics.pop(labelvalues, None)
+
+
+def _children_tested(version: str) -> bool:
+    """Whether :meth:`_Families.child` was tested against prometheus_client ``version``
+    (its private layout of children): 0.26, what the test suites install. Any other
+    version gets labels() and remove(), slower and safe."""
+    parts = version.split(".")
+    return parts[:2] == ["0", "26"]
+
+
+def _prometheus_version() -> str:
+    try:
+        return importlib.metadata.version("prometheus_client")
+    except importlib.metadata.PackageNotFoundError:  # vendored or renamed: not tested
+        return ""
+
+
+#: :meth:`_Families.child` and :meth:`_Families.remove` take prometheus_client's
+#: private path only for a version they were tested against
+_CHILDREN_TESTED = _children_tested(_prometheus_version())
+
+
+def _has_children_dict(metric: Any) -> bool:
+    """Whether a labelled family keeps its children as :meth:`_Families.child` expects
+    (as prometheus_client 0.26 does): a dict of label values to children under a
+    lock, each child's value made by its ``_metric_init``."""
+    return (
+        isinstance(getattr(metric, "_metrics", None), dict)
+        and hasattr(metric, "_lock")
+        and callable(getattr(metric, "_metric_init", None))
+        and getattr(metric, "_labelvalues", None) == ()
+    )
+
+
+#: a mirror row of a tenant not mirrored yet: nothing counted
+_ZERO = (0.0, 0.0, 0, 0, 0, 0)
+_waiting, _running = itemgetter(4), itemgetter(5)
+
+
+def _label(tenant: int | str) -> str:
+    """The ``tenant`` label value of a core's key: a name as it is, an int key's
+    decimal form (so ``1`` and ``"1"`` have the same: :meth:`TenantMetrics._claim`)."""
+    return tenant if type(tenant) is str else str(tenant)
+
+
+def _by_name(tenant: int | str) -> tuple[str, bool]:
+    """The order of tenants' ties: by label value, a name before an int key (keys of
+    both types are not comparable)."""
+    return (_label(tenant), type(tenant) is not str)
+
+
+_BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
+
+#: id(core) -> the TenantMetrics that last pulled the core's reader slot
+#: :data:`CHANGES_READER`: another that pulls it next starts the slot again (a full
+#: read), so two TenantMetrics on one core each stay right (at a full read a refresh)
+_READERS: dict[int, weakref.ref[Any]] = {}
+
+
+def _reader_gone(key: int) -> Callable[[weakref.ref[Any]], None]:
+    """The weakref callback that drops ``_READERS[key]`` when its TenantMetrics is
+    collected (if the entry is still that one): the table holds one entry per live
+    puller, not one per core ever read."""
+
+    def drop(ref: weakref.ref[Any]) -> None:
+        if _READERS.get(key) is ref:
+            del _READERS[key]
+
+    return drop
+
+
+def _release_reader(key: int, metrics: Any) -> None:
+    """Drop ``_READERS[key]`` if ``metrics`` holds it (it moves to another core)."""
+    ref = _READERS.get(key)
+    if ref is not None and ref() is metrics:
+        del _READERS[key]
+
+
+def _families(registry: Any) -> _Families:
+    """The families of ``registry`` (prometheus_client's default if None), created
+    once per process and multiprocess directory; a new :class:`TenantMetrics` (a
+    new engine in this process) clears the series the last one left.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set (read now: the engine may set it after
+    prometheus_client was imported) the values go to vtc's own files there."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get(
+        "prometheus_multiproc_dir", ""
+    )
+    registry = REGISTRY if registry is None else registry
+    entry = _BY_REGISTRY.get(id(registry))
+    if entry is not None and entry[0] is registry and entry[1] != directory:
+        for metric in entry[2].labelled + entry[2].unlabelled:  # another directory now
+            registry.unregister(metric)
+    if entry is None or entry[0] is not registry or entry[1] != directory:
+        files = None
+        if directory:
+            files = SeriesFiles(directory)
+            _silence_removal_warnings()
+        entry = (registry, directory, _Families(registry, files))
+        _BY_REGISTRY[id(registry)] = entry
+    else:
+        families = entry[2]
+        for metric in families.labelled:
+            metric.clear()
+        if families.files is not None:
+            families.files.remove_tenants()
+            families.files.compact()
+    return entry[2]
+
+
+def _silence_removal_warnings() -> None:
+    """Drop prometheus_client's warning that removing a series is not implemented in
+    multiprocess mode: for vtc's series, :mod:`vtc.multiproc` implements it. A filter
+    added once (``catch_warnings`` around each call would swap the process's filters
+    under the other threads' feet)."""
+    warnings.filterwarnings(
+        "ignore",
+        message="(Removal of|Clearing) labels",
+        category=UserWarning,
+        module="prometheus_client",
+    )
+
+
+def jain_index(rates: list[float]) -> float:
+    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all are equal,
+    ``1/n`` when one gets everything; NaN for no rates or all zero."""
+    square = sum(map(mul, rates, rates))
+    if not rates or square <= 0.0:
+        return math.nan
+    return sum(rates) ** 2 / (len(rates) * square)
+
+
+class TenantMetrics(Observer):
+    """The series of the module doc, in ``registry`` (prometheus_client's default
+    registry if None).
+
+    ``interval``: seconds between two gauge refreshes (0: every step);
+    ``window``: seconds of service Jain's index and the labelled set look at;
+    ``budget``: the KV budget ``M`` of the fairness bound (None: unknown).
+    """
+
+    def __init__(
+        self,
+        registry: Any = None,
+        *,
+        max_tenants: int = 100,
+        interval: float = 1.0,
+        window: float = 30.0,
+        budget: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_tenants < 1:
+            raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
+        if not (interval >= 0.0 and window > 0.0):
+            raise ValueError(f"interval must be >= 0 and window > 0, got {interval}, {window}")
+        families = self._families = _families(registry)
+        self.service = families.service
+        self.counter = families.counter
+        self.weight = families.weight
+        self.requests = families.requests
+        self.preemptions = families.preemptions
+        self.active = families.active
+        self.jain = families.jain
+        self.spread = families.spread
+        self.bound = families.bound
+        self.sync_seconds = families.sync_seconds
+        self.sync_degraded = families.sync_degraded
+        self.max_tenants = max_tenants
+        self.interval = interval
+        self.window = window
+        self.budget = budget
+        self._clock = clock
+        self._last = -math.inf
+        self._idle = True
+        self._longest = 0  # the longest prompt admitted (L of the bound)
+        # increments not yet on the series, by tenant
+        # (tenants are the core's keys, as they are: names, or int keys)
+        self._prompt: dict[int | str, int] = {}
+        self._decode: dict[int | str, int] = {}
+        self._preempt: dict[int | str, int] = {}
+        # the mirror of every tenant the core has, from Scheduler.changes: its row as
+        # the core gave it, (counter, service, prompt tokens, decode tokens, waiting,
+        # running), kept whole (one dict store per changed tenant)
+        self._core: Any = None  # the core mirrored
+        self._mirror: dict[int | str, tuple[float, float, int, int, int, int]] = {}
+        self._n_active = 0  # tenants with waiting or running requests
+        self._waiting = self._running = 0  # over every tenant
+        self._dirty: set[int | str] = set()  # changed since the last refresh
+        self._labelled: set[int | str] = set()  # tenants with their own series
+        self._warned = False  # of a tenant passed over: its label value was taken
+        # tenant -> {(metric id, *labels): [child, last value set]}
+        self._series: dict[int | str, dict[tuple[Any, ...], list[Any]]] = {}
+        # labelled tenant -> its counter, weight, waiting and running entries of _series
+        self._rows: dict[int | str, tuple[list[Any], ...]] = {}
+        # the window's snapshots of every tenant's service, in the core
+        self._fairness = FairnessWindow(window)
+
+    # -- observer points ---------------------------------------------------------------
+    # Tokens are not observed charge by charge: the core keeps each tenant's
+    # tallies (Scheduler.tokens), read at refresh, and before it forgets.
+    def admitted(self, t: Tracked, prompt_tokens: int) -> None:
+        if t.prompt_len > self._longest:
+            self._longest = t.prompt_len
+
+    def forgetting(self, core: Any) -> None:
+        self._pull(core)  # the tallies of the tenants it forgets go with them
+
+    def preempted(self, t: Tracked) -> None:
+        self._preempt[t.tenant] = self._preempt.get(t.tenant, 0) + 1
+
+    def forgot(self, tenants: list[str]) -> None:
+        for tenant in tenants:
+            self._drop(tenant)
+            self._fold_into_other(tenant)
+            self._remove(tenant)
+            self._labelled.discard(tenant)
+        self._compact()
+
+    def stepped(self, adapter: AdapterView) -> None:
+        # Refresh every `interval`, and at the step that leaves the engine idle:
+        # no step follows it to carry its last tokens to the series.
+        now = self._clock()
+        idle = len(adapter.requests) == 0
+        if now - self._last >= self.interval or (idle and not self._idle):
+            self._last = now
+            self.refresh(adapter, now)
+        self._idle = idle
+
+    # -- refresh ------------------------------------------------------------------------
+    # Per-tenant Python work is for the tenants changed since the last refresh (the
+    # core lists them: Scheduler.changes), the labelled ones whose values changed,
+    # and the relabelling's candidates; what looks at every tenant is a pass in Rust
+    # (vtc._core.FairnessWindow: the window's snapshots, Jain's index, the spread,
+    # every tenant's gain against the relabelling's bar), not a Python loop.
+    def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
+        """Bring every series up to date with ``adapter``'s core now."""
+        now = self._clock() if now is None else now
+        changed, old = self._read(adapter.core)
+        mirror, dirty = self._mirror, self._dirty
+
+        # Jain's index and the spread over the backlogged tenants, from the core's
+        # own snapshots of the window (FairnessWindow: one pass in Rust), which
+        # then gives the tenants' gains over the window for the labels.
+        jain, spread, _ = self._fairness.refresh(adapter.core, now)
+        self._relabel(adapter.core, mirror)
+        labelled = self._labelled
+        # the tallies after the labels: an unlabelled tenant's increments are summed
+        # straight into _other's (no per-tenant entry to move there afterwards)
+        self._tally(changed, old, labelled)
+        for pending in (self._prompt, self._decode, self._preempt):  # by tenant so far
+            unlabelled = pending.keys() - labelled
+            if unlabelled:  # to _other (its own increments included)
+                pending[OTHER] = sum(map(pending.pop, unlabelled))
+        self._flush_counters()
+
+        rows, weight = self._rows, adapter.tenancy.weight
+        # the labelled tenants that changed, and those without their gauges yet
+        for tenant in (labelled & dirty) | (labelled - rows.keys()):
+            row = rows.get(tenant)
+            if row is None:
+                row = self._row(tenant)
+            m = mirror.get(tenant)
+            c, w, r = (None, 0, 0) if m is None else (m[0], m[4], m[5])
+            for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
+                if entry[1] != value and value is not None:
+                    entry[0].set(value)
+                    entry[1] = value
+        counts = [row for row in map(mirror.get, labelled) if row is not None]
+        other_w = self._waiting - sum(map(_waiting, counts))
+        other_r = self._running - sum(map(_running, counts))
+        if other_w or other_r or OTHER in self._series:
+            self._set(self.requests, OTHER, "waiting", value=other_w)
+            self._set(self.requests, OTHER, "running", value=other_r)
+
+        sharing = getattr(adapter, "sharing", None)
+        if sharing is not None:
+            durations = sharing.shared.durations
+            while durations:
+                self.sync_seconds.observe(durations.popleft())
+            self.sync_degraded.set(1.0 if sharing.shared.degraded else 0.0)
+        self.active.set(self._n_active)
+        self.spread.set(spread)
+        config = adapter.config
+        if self.budget is None:
+            self.bound.set(math.nan)
+        else:
+            self.bound.set(2.0 * max(config.wp * self._longest, config.wq * self.budget))
+        # Jain's index: the tenants backlogged at the window's start and now. The
+        # core's services are already per unit of weight: fair shares are equal.
+        # (Services gained, not rates: the index does not change with the scale.)
+        # None: the window has no start before now yet (the first refresh).
+        if jain is not None:
+            self.jain.set(jain)
+        dirty.clear()
+        self._compact()
+
+    def _pull(self, core: Any) -> None:
+        """Apply the core's changes since the last pull to the mirror and the pending
+        increments by tenant (:meth:`_read`, then :meth:`_tally` keeping every
+        tenant's increments its own: the pull made before the core forgets tenants,
+        whose increments :meth:`forgot` then moves to ``_other`` unless labelled)."""
+        self._tally(*self._read(core), None)
+
+    def _read(self, core: Any) -> tuple[dict[int | str, Any], list[Any]]:
+        """Apply the core's changes since the last pull to the mirror (each changed
+        tenant's row stored as the core gave it: one dict update) and mark the
+        changed tenants dirty; ``(changed, old)``: the changed rows by tenant and
+        their rows before, in the same order (:data:`_ZERO` for a tenant not
+        mirrored), for :meth:`_tally`. A core not pulled from before (a new
+        TenantMetrics, another core), or whose reader slot another TenantMetrics
+        pulled from since (:data:`_READERS`), starts the slot again: a full read,
+        after which the tenants no longer there are dropped."""
+        reader = _READERS.get(id(core))
+        if core is not self._core or reader is None or reader() is not self:
+            core.reset_changes(CHANGES_READER)
+            if self._core is not None and core is not self._core:
+                _release_reader(id(self._core), self)
+            self._core = core
+            _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
+        full, changed, gone = core.changes(CHANGES_READER)
+        mirror = self._mirror
+        if full:
+            gone = [t for t in mirror if t not in changed]
+        for tenant in gone:
+            self._drop(tenant)
+        old = list(map(mirror.get, changed, repeat(_ZERO)))
+        mirror.update(changed)
+        self._dirty.update(changed)
+        return changed, old
+
+    def _tally(
+        self, changed: dict[int | str, Any], old: list[Any], labelled: set[int | str] | None
+    ) -> None:
+        """Add up what :meth:`_read`'s rows changed by: the waiting and running
+        requests over every tenant, the active tenants, and what the token tallies
+        grew by (a tally that went back started again: a tenant forgotten and back)
+        to the pending increments, by tenant for the tenants in ``labelled`` (every
+        tenant if None), summed into ``_other``'s for the others."""
+        prompt, decode = self._prompt, self._decode
+        n_active, waiting, running = self._n_active, self._waiting, self._running
+        other_p = other_d = 0
+        for (tenant, (_, _, p, d, w, r)), (_, _, p0, d0, w0, r0) in zip(changed.items(), old):
+            if w != w0 or r != r0:
+                waiting += w - w0
+                running += r - r0
+                n_active += bool(w or r) - bool(w0 or r0)
+            if p0 > p or d0 > d:
+                p0 = d0 = 0
+            if labelled is not None and tenant not in labelled:
+                other_p += p - p0
+                other_d += d - d0
+                continue
+            if p > p0:
+                prompt[tenant] = prompt.get(tenant, 0) + p - p0
+            if d > d0:
+                decode[tenant] = decode.get(tenant, 0) + d - d0
+        self._n_active, self._waiting, self._running = n_active, waiting, running
+        if other_p:
+            prompt[OTHER] = prompt.get(OTHER, 0) + other_p
+        if other_d:
+            decode[OTHER] = decode.get(OTHER, 0) + other_d
+
+    def _drop(self, tenant: int | str) -> None:
+        """Take a tenant the core forgot out of the mirror."""
+        row = self._mirror.pop(tenant, None)
+        self._dirty.discard(tenant)
+        if row is not None:
+            w, r = row[4], row[5]
+            self._waiting -= w
+            self._running -= r
+            self._n_active -= bool(w or r)
+
+    def _relabel(self, core: Any, tenants: dict[int | str, Any]) -> None:
+        """Give at most ``max_tenants`` of the most served tenants (their service
+        gained over the window, as of this refresh) their own series, with
+        hysteresis: a free label goes to the most served tenant without one (ties:
+        by name); a tenant without a label takes the label of the least served
+        labelled tenant once it was served more than ``1 + LABEL_MARGIN`` times as
+        much. After a refresh with every label taken,
+        no tenant without a label was served more than ``1 + LABEL_MARGIN`` times as
+        much as any tenant with one, but for a tenant whose label value another
+        tenant's label holds (:meth:`_claim`).
+
+        With more tenants than labels the choice is one call in Rust
+        (``FairnessWindow.relabel``: the labelled tenants' gains, every tenant's gain
+        against the bar, the candidates' order and label values, the swaps), and
+        the Python work is for the labels that change; with every tenant fitting, the
+        new ones take labels here (by name)."""
+        limit, labelled = self.max_tenants, self._labelled
+        for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
+            self._remove(tenant)
+            labelled.discard(tenant)
+        if len(tenants) <= limit:
+            new = tenants.keys() - labelled
+            if new:
+                labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
+            return
+        # The labelled tenants' gains, the bar, the candidates above it (in Rust, over
+        # every tenant), their order and label values, and the swaps: one call
+        # (vtc._core.FairnessWindow.relabel, the rule above), then only the changes.
+        names = list(labelled)
+        dropped, taken, swaps, clash = self._fairness.relabel(
+            core, names, limit, 1.0 + LABEL_MARGIN, OTHER
+        )
+        for i in dropped:  # pragma: no cover - max_tenants lowered: the least served go
+            self._remove(names[i])
+            labelled.discard(names[i])
+        if clash is not None:
+            self._passed_over(*clash)
+        labelled.update(taken)
+        for new, i in swaps:
+            old = names[i]
+            self._remove(old)
+            labelled.discard(old)
+            labelled.add(new)
+
+    def _claim(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` (each ending with a tenant without a label, in the order they take
+        labels) less those whose label value a labelled tenant or an earlier row's
+        tenant holds: a label value is one tenant's, else two tenants (``1`` and
+        ``"1"``) would add to one series. Such a tenant stays under ``_other`` (its
+        mirror, tallies and gains are its own); the first is logged."""
+        held: dict[str, int | str | None] = {OTHER: None}  # _other's: no tenant's
+        held.update((_label(t), t) for t in self._labelled)
+        kept = []
+        for row in rows:
+            tenant = row[-1]
+            label = _label(tenant)
+            if label not in held:
+                held[label] = tenant
+                kept.append(row)
+            else:
+                self._passed_over(held[label], tenant)
+        return kept
+
+    def _passed_over(self, holder: int | str | None, tenant: int | str) -> None:
+        """Log, the first time only, that ``tenant`` gets no label: ``holder`` has its
+        label value (None: ``_other``'s, the sum of the tenants without a label)."""
+        if self._warned:
+            return
+        self._warned = True
+        if holder is None:
+            _log.warning(
+                "vtc metrics: tenant %r has the label value of the series that sums the "
+                "tenants without a label of their own: it gets no series of its own "
+                "(summed under %r)",
+                tenant,
+                OTHER,
+            )
+            return
+        _log.warning(
+            "vtc metrics: tenants %r and %r have the same tenant label value %r: "
+            "%r gets no series of its own while %r has the label (summed under %r)",
+            holder,
+            tenant,
+            _label(tenant),
+            tenant,
+            holder,
+            OTHER,
+        )
+
+    def _fold_into_other(self, tenant: int | str) -> None:
+        """Move ``tenant``'s pending increments to ``_other`` unless it is labelled."""
+        if tenant in self._labelled:
+            return
+        for pending in (self._prompt, self._decode, self._preempt):
+            n = pending.pop(tenant, 0)
+            if n:
+                pending[OTHER] = pending.get(OTHER, 0) + n
+
+    def _flush_counters(self) -> None:
+        for kind, pending in (("prompt", self._prompt), ("decode", self._decode)):
+            for tenant, n in pending.items():
+                self._child(self.service, tenant, kind)[0].inc(n)
+            pending.clear()
+        for tenant, n in self._preempt.items():
+            self._child(self.preemptions, tenant)[0].inc(n)
+        self._preempt.clear()
+
+    def _child(self, metric: Any, tenant: int | str, *labels: str) -> list[Any]:
+        """``[child, last value set]`` of a series, its child made once (labels() is
+        slow: it validates and locks on every call)."""
+        series = self._series.get(tenant)
+        if series is None:
+            series = self._series[tenant] = {}
+        key = (id(metric), *labels)
+        entry = series.get(key)
+        if entry is None:
+            families = self._families
+            with families.creating():
+                entry = series[key] = [families.child(metric, (_label(tenant), *labels)), None]
+        return entry
+
+    def _row(self, tenant: int | str) -> tuple[list[Any], ...]:
+        """The entries of a labelled tenant's gauges: its counter, weight, waiting
+        and running requests (made at once: a tenant that gains its label has every
+        series at the refresh, an idle one too)."""
+        row = self._rows[tenant] = (
+            self._child(self.counter, tenant),
+            self._child(self.weight, tenant),
+            self._child(self.requests, tenant, "waiting"),
+            self._child(self.requests, tenant, "running"),
+        )
+        return row
+
+    def _set(self, metric: Any, tenant: int | str, *labels: str, value: float) -> None:
+        entry = self._child(metric, tenant, *labels)
+        if entry[1] != value:
+            entry[0].set(value)
+            entry[1] = value
+
+    def _remove(self, tenant: int | str) -> None:
+        """Remove every series of ``tenant`` (from vtc's files at :meth:`_compact`):
+        none without series of its own (its label value may be another tenant's)."""
+        self._rows.pop(tenant, None)
+        series = self._series.pop(tenant, None)
+        if series is None:
+            return
+        families = self._families
+        metrics, remove = families.by_id, families.remove
+        label = _label(tenant)
+        for metric_id, *labels in series:
+            try:
+                remove(metrics[metric_id], (label, *labels))
+            except KeyError:  # pragma: no cover - already gone
+                pass
+        files = families.files
+        if files is not None:
+            files.remove(label)
+
+    def _compact(self) -> None:
+        """Rewrite vtc's multiprocess files that still hold removed series."""
+        files = self._families.files
+        if files is not None:
+            files.compact()
