@@ -60,6 +60,8 @@ struct Entry {
     /// Prompt and decode tokens not yet taken.
     pending: (u64, u64),
     dirty: bool,
+    /// The [`MetricsMirror::take`] that last took it.
+    taken: u64,
 }
 
 /// What [`MetricsMirror::take`] gives for a refresh.
@@ -80,11 +82,57 @@ pub struct Taken {
     pub active: usize,
 }
 
+/// Keys to ids, looked up by a borrowed key without a copy.
+#[derive(Debug, Default)]
+struct Index {
+    ints: HashMap<i64, u32>,
+    strs: HashMap<Box<[u8]>, u32>,
+}
+
+impl Index {
+    fn get(&self, k: &KeyRef<'_>) -> Option<u32> {
+        match k {
+            KeyRef::Int(i) => self.ints.get(i).copied(),
+            KeyRef::Str(b) => self.strs.get(&b[..]).copied(),
+        }
+    }
+
+    fn get_key(&self, k: &ClientKey) -> Option<u32> {
+        match k {
+            ClientKey::Int(i) => self.ints.get(i).copied(),
+            ClientKey::Str(b) => self.strs.get(&b[..]).copied(),
+        }
+    }
+
+    fn insert(&mut self, k: ClientKey, id: u32) {
+        match k {
+            ClientKey::Int(i) => self.ints.insert(i, id),
+            ClientKey::Str(b) => self.strs.insert(b, id),
+        };
+    }
+
+    fn remove(&mut self, k: &ClientKey) {
+        match k {
+            ClientKey::Int(i) => self.ints.remove(i),
+            ClientKey::Str(b) => self.strs.remove(&b[..]),
+        };
+    }
+
+    fn clear(&mut self) {
+        self.ints.clear();
+        self.strs.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.ints.len() + self.strs.len()
+    }
+}
+
 /// See the module doc.
 #[derive(Debug, Default)]
 pub struct MetricsMirror {
     entries: Vec<Option<Entry>>,
-    index: HashMap<ClientKey, u32>,
+    index: Index,
     dirty: Vec<u32>,
     /// Increments of dropped keys, not yet taken.
     dropped: HashMap<ClientKey, (u64, u64)>,
@@ -93,12 +141,24 @@ pub struct MetricsMirror {
     waiting: usize,
     running: usize,
     active: usize,
+    /// Takes so far.
+    epoch: u64,
     changed: Vec<ClientId>,
     gone: Vec<Gone>,
 }
 
 fn add(a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
     (a.0.saturating_add(b.0), a.1.saturating_add(b.1))
+}
+
+/// The tokens a row's tallies grew by since `was` (from zero when either went
+/// back: the client forgotten and back).
+fn grown(was: &Row, row: &Row) -> (u64, u64) {
+    if was.prompt > row.prompt || was.decode > row.decode {
+        (row.prompt, row.decode)
+    } else {
+        (row.prompt - was.prompt, row.decode - was.decode)
+    }
 }
 
 impl MetricsMirror {
@@ -112,7 +172,7 @@ impl MetricsMirror {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// `(active, waiting, running)` over every tenant.
@@ -126,7 +186,7 @@ impl MetricsMirror {
     }
 
     pub fn contains(&self, k: &KeyRef<'_>) -> bool {
-        self.index.contains_key(&ClientKey::from(k))
+        self.index.get(k).is_some()
     }
 
     fn remove_at(&mut self, id: u32) {
@@ -141,6 +201,12 @@ impl MetricsMirror {
         }
     }
 
+    fn enter(&mut self, row: &Row) {
+        self.waiting = self.waiting.saturating_add(row.waiting);
+        self.running = self.running.saturating_add(row.running);
+        self.active += usize::from(row.active());
+    }
+
     fn leave(&mut self, row: &Row) {
         self.waiting = self.waiting.saturating_sub(row.waiting);
         self.running = self.running.saturating_sub(row.running);
@@ -152,12 +218,11 @@ impl MetricsMirror {
     /// rest at the next take (`fold` true), with those their keys had.
     pub fn drop_keys(&mut self, keys: &[KeyRef<'_>], fold: bool) {
         for k in keys {
-            let key = ClientKey::from(k);
-            if let Some(&id) = self.index.get(&key) {
+            if let Some(id) = self.index.get(k) {
                 self.remove_at(id);
             }
-            if fold {
-                if let Some(p) = self.dropped.remove(&key) {
+            if fold && !self.dropped.is_empty() {
+                if let Some(p) = self.dropped.remove(&ClientKey::from(k)) {
                     self.folded = add(self.folded, p);
                 }
             }
@@ -222,44 +287,36 @@ impl MetricsMirror {
             if matches!(&self.entries[id], Some(e) if e.key != *key) {
                 self.remove_at(c.0);
             }
-            if let Some(&other) = self.index.get(key) {
-                if other != c.0 {
-                    self.remove_at(other); // the feed missed its going
+            if let Some(e) = self.entries[id].as_mut() {
+                // the key's row, updated in place
+                let was = e.row;
+                e.pending = add(e.pending, grown(&was, &row));
+                e.row = row;
+                let newly = !e.dirty;
+                e.dirty = true;
+                self.leave(&was);
+                self.enter(&row);
+                if newly {
+                    self.dirty.push(c.0);
                 }
+                continue;
             }
-            let old = match self.entries[id].take() {
-                Some(e) => Some(e),
-                None if full => before.remove(key),
-                None => None,
-            };
-            let (was, mut pending, mut dirty) = match old {
-                Some(e) => {
-                    if !full {
-                        self.leave(&e.row);
-                    }
-                    (e.row, e.pending, e.dirty)
-                }
-                None => (Row::default(), (0, 0), false),
-            };
-            let (p0, d0) = if was.prompt > row.prompt || was.decode > row.decode {
-                (0, 0)
-            } else {
-                (was.prompt, was.decode)
-            };
-            pending = add(pending, (row.prompt - p0, row.decode - d0));
-            self.waiting = self.waiting.saturating_add(row.waiting);
-            self.running = self.running.saturating_add(row.running);
-            self.active += usize::from(row.active());
-            if !dirty {
-                dirty = true;
-                self.dirty.push(c.0);
+            if let Some(other) = self.index.get_key(key) {
+                self.remove_at(other); // at another id: the feed missed its going
             }
+            let (pending, was) = match before.remove(key) {
+                Some(e) => (e.pending, e.row),
+                None => ((0, 0), Row::default()),
+            };
+            self.enter(&row);
+            self.dirty.push(c.0);
             self.index.insert(key.clone(), c.0);
             self.entries[id] = Some(Entry {
                 key: key.clone(),
                 row,
-                pending,
-                dirty,
+                pending: add(pending, grown(&was, &row)),
+                dirty: true,
+                taken: 0,
             });
         }
         for (key, e) in before {
@@ -283,21 +340,25 @@ impl MetricsMirror {
         let mut out = Taken::default();
         let fresh: HashSet<ClientKey> = fresh.iter().map(ClientKey::from).collect();
         let (mut lw, mut lr) = (0usize, 0usize);
-        let mut seen: Vec<u32> = Vec::with_capacity(labelled.len());
+        self.epoch = self.epoch.wrapping_add(1);
+        let epoch = self.epoch;
         for (i, k) in labelled.iter().enumerate() {
-            let key = ClientKey::from(k);
-            let wanted = !fresh.is_empty() && fresh.contains(&key);
-            let mut tokens = self.dropped.remove(&key).unwrap_or((0, 0));
-            let entry = match self.index.get(&key) {
-                Some(&id) if !seen.contains(&id) => {
-                    seen.push(id);
-                    self.entries.get_mut(id as usize).and_then(Option::as_mut)
+            let wanted = !fresh.is_empty() && fresh.contains(&ClientKey::from(k));
+            let mut tokens = (0, 0);
+            if !self.dropped.is_empty() {
+                if let Some(p) = self.dropped.remove(&ClientKey::from(k)) {
+                    tokens = p;
                 }
-                Some(_) => continue,
-                None => None,
-            };
+            }
+            let entry = self
+                .index
+                .get(k)
+                .and_then(|id| self.entries.get_mut(id as usize))
+                .and_then(Option::as_mut);
             match entry {
+                Some(e) if e.taken == epoch => continue, // a key repeated
                 Some(e) => {
+                    e.taken = epoch;
                     tokens = add(tokens, std::mem::take(&mut e.pending));
                     lw += e.row.waiting;
                     lr += e.row.running;
