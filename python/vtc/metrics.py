@@ -393,6 +393,7 @@ class TenantMetrics(Observer):
         # core: its rows, the token increments not yet on the series, the totals
         self._core: Any = None  # the core mirrored
         self._mirror = MetricsMirror()
+        self._n_active = 0  # tenants with waiting or running requests, at the last refresh
         self._labelled: set[int | str] = set()  # tenants with their own series
         self._warned = False  # of a tenant passed over: its label value was taken
         # tenant -> {(metric id, *labels): [child, last value set]}
