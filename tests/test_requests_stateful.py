@@ -16,7 +16,9 @@ output steps that are uniform or not. After every call:
 * each tenant's raw tokens in the core (``client_tokens``) are the model's: the
   prompt less its cached part at the first admission only, every produced token
   once (a token produced while not running is owed and charged at the next
-  admission, or found again by the next cumulative count);
+  admission, or found again by the next cumulative count); and its weighted
+  service is those tokens at the prices, each divided by the weight in force when
+  it was charged (weights change between calls, as a reload changes them);
 * an observer was told exactly those tokens (metrics and traces count from it),
   and a tenant the idle sweep forgets had nothing tracked;
 * the core's own invariants hold.
@@ -24,6 +26,7 @@ output steps that are uniform or not. After every call:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -93,11 +96,19 @@ class RequestsMachine(RuleBasedStateMachine):
         self.model: dict[object, Req] = {}
         self.prompt: Counter[str] = Counter()
         self.decode: Counter[str] = Counter()
+        self.service: dict[str, float] = {t: 0.0 for t in ("x", "y", "z")}
+        self.weights: dict[str, float] = {}  # set by set_weight (1 otherwise)
         self.in_pass = False
 
     # -- helpers ---------------------------------------------------------------------
     def keys_in(self, state: str) -> list[object]:
         return [k for k, r in self.model.items() if r.state == state]
+
+    def charge_decode(self, tenant: str, n: int) -> None:
+        """The model of ``n`` generated tokens of ``tenant`` charged: its raw count, and
+        its weighted service at the weight in force (``wq * n / weight``)."""
+        self.decode[tenant] += n
+        self.service[tenant] += self.core.wq * n / self.weights.get(tenant, 1.0)
 
     def produce(self, key, n: int) -> None:
         """The model of a charge of ``n`` tokens to ``key`` by charge_keys/outputs."""
@@ -105,7 +116,7 @@ class RequestsMachine(RuleBasedStateMachine):
         if r is None or n <= 0:
             return
         if r.state == RUNNING:
-            self.decode[r.tenant] += n
+            self.charge_decode(r.tenant, n)
         else:
             r.owed += n
 
@@ -115,9 +126,11 @@ class RequestsMachine(RuleBasedStateMachine):
         assert r.state == WAITING
         self.requests.admit(t, cached)
         if not r.admitted:
-            self.prompt[r.tenant] += r.prompt - min(max(cached, 0), r.prompt)
+            n = r.prompt - min(max(cached, 0), r.prompt)
+            self.prompt[r.tenant] += n
+            self.service[r.tenant] += self.core.wp * n / self.weights.get(r.tenant, 1.0)
             r.admitted = True
-        self.decode[r.tenant] += r.owed
+        self.charge_decode(r.tenant, r.owed)
         r.owed, r.state = 0, RUNNING
 
     def forgotten(self, tenant: str) -> None:
@@ -202,7 +215,7 @@ class RequestsMachine(RuleBasedStateMachine):
         for key, total in totals:
             r = self.model.get(key)
             if r is not None and r.state == RUNNING and total > r.charged:
-                self.decode[r.tenant] += total - r.charged
+                self.charge_decode(r.tenant, total - r.charged)
                 r.charged = total
 
     @rule(key=KEYS, tenant=TENANTS, prompt=PROMPTS, charged=st.integers(0, 5))
@@ -224,6 +237,12 @@ class RequestsMachine(RuleBasedStateMachine):
                 del self.model[key]
         waiting = {key: key for key in keys}
         self.requests.sync_waiting(waiting, lambda key: self.enqueue(key, tenant, 4, 0))
+
+    @rule(tenant=TENANTS, weight=st.sampled_from([0.25, 1.0, 3.0]))
+    def set_weight(self, tenant, weight):
+        """A weights reload: the next charges of ``tenant`` use ``weight``."""
+        self.core.set_weight(tenant, weight)
+        self.weights[tenant] = weight
 
     @rule(on=st.booleans())
     def selecting(self, on):
@@ -247,6 +266,8 @@ class RequestsMachine(RuleBasedStateMachine):
         for tenant in gone:
             assert all(r.tenant != tenant for r in self.model.values()), tenant
             self.forgotten(tenant)
+            self.service[tenant] = 0.0
+            self.weights.pop(tenant, None)
             self.prompt.pop(tenant, None)
             self.decode.pop(tenant, None)
 
@@ -285,6 +306,9 @@ class RequestsMachine(RuleBasedStateMachine):
         for tenant in ("x", "y", "z"):
             have = self.core.client_tokens(tenant)
             assert have == (self.prompt[tenant], self.decode[tenant]), tenant
+            assert self.core.weight(tenant) == self.weights.get(tenant, 1.0), tenant
+            service = self.core.service(tenant)
+            assert math.isclose(service, self.service[tenant], rel_tol=1e-9), (tenant, service)
         assert +self.tally.prompt == +self.prompt
         assert +self.tally.decode == +self.decode
         self.core._check_invariants()
