@@ -146,19 +146,12 @@ impl SyncLedger {
     /// O(changed tenants), O(tenants) for a full read.
     pub fn read(&mut self, sched: &mut Scheduler, idle: bool, out: &mut Read) -> Result<()> {
         out.clear();
-        let mut changed = std::mem::take(&mut self.changed);
+        self.changed.clear();
+        self.gone.clear();
+        let full = sched.changes(self.reader, &mut self.changed, &mut self.gone)?;
+        // taken out while the entries change (given back at the end: their capacity)
+        let changed = std::mem::take(&mut self.changed);
         let mut gone = std::mem::take(&mut self.gone);
-        changed.clear();
-        gone.clear();
-        let full = sched.changes(self.reader, &mut changed, &mut gone);
-        let full = match full {
-            Ok(f) => f,
-            Err(e) => {
-                self.changed = changed;
-                self.gone = gone;
-                return Err(e);
-            }
-        };
         out.full = full;
         out.rows = changed.len() + gone.len();
         for (_, key) in gone.drain(..) {

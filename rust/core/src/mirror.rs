@@ -232,19 +232,12 @@ impl MetricsMirror {
     /// Apply `core`'s changes since reader slot `reader`'s last call.
     /// Returns whether it was a full read.
     pub fn read(&mut self, core: &mut Scheduler, reader: usize) -> Result<bool> {
-        let mut changed = std::mem::take(&mut self.changed);
-        let mut gone = std::mem::take(&mut self.gone);
-        changed.clear();
-        gone.clear();
-        let full = core.changes(reader, &mut changed, &mut gone);
-        let full = match full {
-            Ok(f) => f,
-            Err(e) => {
-                self.changed = changed;
-                self.gone = gone;
-                return Err(e);
-            }
-        };
+        self.changed.clear();
+        self.gone.clear();
+        let full = core.changes(reader, &mut self.changed, &mut self.gone)?;
+        // taken out while the entries change (given back at the end: their capacity)
+        let changed = std::mem::take(&mut self.changed);
+        let gone = std::mem::take(&mut self.gone);
         // The rows to compare with, by key on a full read.
         let mut before: HashMap<ClientKey, Entry> = HashMap::new();
         if full {
