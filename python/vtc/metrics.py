@@ -88,7 +88,7 @@ _log = logging.getLogger("vtc")
 
 #: the reader slot of ``Scheduler.changes`` the metrics use, shared by every
 #: TenantMetrics on one core: one that pulls after another did starts the slot again
-#: (a full read; see :meth:`TenantMetrics._read`); the slots are assigned in
+#: (a full read; see :meth:`TenantMetrics._pull`); the slots are assigned in
 #: :mod:`vtc.config` (the shared-counter sync reads ``SYNC_CHANGES_READER``)
 CHANGES_READER = METRICS_CHANGES_READER
 
@@ -447,7 +447,7 @@ class TenantMetrics(Observer):
     def refresh(self, adapter: AdapterView, now: float | None = None) -> None:
         """Bring every series up to date with ``adapter``'s core now."""
         now = self._clock() if now is None else now
-        self._read(adapter.core)
+        self._pull(adapter.core)
 
         # Jain's index and the spread over the backlogged tenants, from the core's
         # own snapshots of the window (FairnessWindow: one pass in Rust), which
@@ -517,15 +517,11 @@ class TenantMetrics(Observer):
         self._compact()
 
     def _pull(self, core: Any) -> None:
-        """Apply the core's changes since the last pull to the mirror (made before
-        the core forgets tenants, whose tallies go with them; their increments stay
-        theirs in the mirror until :meth:`forgot` or the next refresh)."""
-        self._read(core)
-
-    def _read(self, core: Any) -> None:
         """Apply the core's changes since the last pull to the mirror
         (``MetricsMirror.read``: the changed tenants' rows, their token increments,
-        the totals, the tenants forgotten dropped). A core not pulled from before (a
+        the totals, the tenants forgotten dropped), at each refresh and before the
+        core forgets tenants (whose tallies go with them; their increments stay theirs
+        in the mirror until :meth:`forgot` or the next refresh). A core not pulled from before (a
         new TenantMetrics, another core), or whose reader slot another TenantMetrics
         pulled from since (:data:`_READERS`), starts the slot again: a full read,
         after which the tenants no longer there are dropped."""
