@@ -8,6 +8,23 @@ from collections import deque
 DEADLINE_S = 60.0  # generous: the 2-core machine may be busy with other work
 
 
+class Clock:
+    """A clock that moves only when a test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Out:
+    """An engine output object: the request's key and the tokens it produced."""
+
+    def __init__(self, request_id, n):
+        self.request_id, self.new_token_ids = request_id, [0] * n
+
+
 def wait_for(cond, what: str, timeout: float = DEADLINE_S, every: float = 0.01) -> None:
     """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds.
     ``every`` only spaces the polls: this is a wait for a condition."""

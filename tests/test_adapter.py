@@ -9,6 +9,7 @@ import logging
 import pytest
 
 import vtc
+from helpers import Out
 from vtc.adapter import (
     ASIDE,
     RUNNING,
@@ -92,13 +93,6 @@ def test_counters_and_services_by_tenant_name():
 
 
 # -- Requests: ids, state changes and charging -------------------------------------
-
-
-class Out:
-    """An engine output object: the request's key and the tokens it produced."""
-
-    def __init__(self, request_id, n):
-        self.request_id, self.new_token_ids = request_id, [0] * n
 
 
 def tracked_pair(M=10_000):

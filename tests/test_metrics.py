@@ -15,18 +15,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
-from helpers import FairnessReference
+from helpers import Clock, FairnessReference
 from vtc.adapter import Adapter
 from vtc.config import EngineConfig
 from vtc.metrics import OTHER, TenantMetrics, jain_index
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(autouse=True, params=["registry", "directory"])

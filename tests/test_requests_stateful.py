@@ -36,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prometheus_client import CollectorRegistry
 
 import vtc
+from helpers import Clock, Out
 from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Observer
 from vtc.config import EngineConfig
 from vtc.metrics import TenantMetrics
@@ -48,13 +49,6 @@ PROMPTS = st.sampled_from([1, 5, 16, M, 0, -3, M + 7, 2.7, True])
 PRIORITIES = st.sampled_from([0, 0, 1, -1, 2**70, -(2**70)])
 CACHED = st.sampled_from([0, 1, 3, M * 2, -5])
 TOKENS = st.integers(-1, 4)
-
-
-class Out:
-    """An engine output object: the request's key and the tokens it produced."""
-
-    def __init__(self, request_id, n):
-        self.request_id, self.new_token_ids = request_id, [0] * n
 
 
 class Tally(Observer):
@@ -312,14 +306,6 @@ class RequestsMachine(RuleBasedStateMachine):
         assert +self.tally.prompt == +self.prompt
         assert +self.tally.decode == +self.decode
         self.core._check_invariants()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def series(registry: CollectorRegistry, name: str) -> dict[tuple, float]:
