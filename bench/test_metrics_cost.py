@@ -172,7 +172,7 @@ def test_refresh_engine_like(benchmark, where, tmp_path, monkeypatch):
 
 def test_pull_engine_like(benchmark, tmp_path, monkeypatch):
     """The part of that refresh that reads the core's changes into the metrics' mirror
-    of every tenant and tallies them (``TenantMetrics._read``: the core's
+    of every tenant and tallies them (``TenantMetrics._pull``: the core's
     ``MetricsMirror.read`` of ``Scheduler.changes``; ``MetricsMirror.take``: the
     labelled tenants' rows and increments and the sums of the rest, for the ~310
     tenants changed, with the labels of the refresh, as ``refresh`` does), alone: a
@@ -190,7 +190,7 @@ def test_pull_engine_like(benchmark, tmp_path, monkeypatch):
             metrics._tally(*metrics._read(adapter.core), metrics._labelled)
             return
         labelled = metrics._labelled
-        metrics._read(adapter.core)
+        metrics._pull(adapter.core)
         metrics._mirror.take(list(labelled), labelled - metrics._rows.keys())
 
     benchmark.group = f"metrics-cost: a refresh's pull of the changes, {TENANTS} tenants"
