@@ -44,6 +44,7 @@ def test_every_variable_is_read(tmp_path: Path):
         "VTC_METRICS": " ON ",
         "VTC_METRICS_MAX_TENANTS": "12",
         "VTC_METRICS_INTERVAL": "0.5",
+        "VTC_METRICS_RELABEL_INTERVAL": "30",
         "VTC_LOCALITY_QUANTUM": " 4096.5 ",
     }
     assert set(env) == set(C.VARIABLES)
@@ -58,6 +59,7 @@ def test_every_variable_is_read(tmp_path: Path):
     assert (cfg.log_interval, cfg.trace_interval) == (0.0, 0.25)
     assert cfg.trace_file == str(tmp_path / "trace.jsonl")
     assert (cfg.metrics, cfg.metrics_max_tenants, cfg.metrics_interval) == ("on", 12, 0.5)
+    assert cfg.metrics_relabel_interval == 30.0
     assert cfg.locality_quantum == 4096.5
 
 
@@ -94,6 +96,8 @@ BAD = [
     ({"VTC_METRICS": "maybe"}, "VTC_METRICS='maybe' is not a mode; expected auto, on"),
     ({"VTC_METRICS_MAX_TENANTS": "0"}, "VTC_METRICS_MAX_TENANTS='0' is out of range"),
     ({"VTC_METRICS_INTERVAL": "-2"}, "VTC_METRICS_INTERVAL='-2' is out of range"),
+    ({"VTC_METRICS_RELABEL_INTERVAL": "x"}, "VTC_METRICS_RELABEL_INTERVAL='x' is not a number"),
+    ({"VTC_METRICS_RELABEL_INTERVAL": "inf"}, "VTC_METRICS_RELABEL_INTERVAL='inf' is out of"),
     ({"VTC_WEIGHTS": "gold=2;free=1"}, "weight '2;free=1' is not a number"),
     ({"VTC_WEIGHTS": "gold"}, "VTC_WEIGHTS entry 'gold' has no '='"),
     ({"VTC_WEIGHTS": "a="}, "weight '' is not a number"),

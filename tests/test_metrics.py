@@ -38,7 +38,9 @@ def setup(M=10_000, weights=None, **kw):
     mode one that collects the directory, as an engine's /metrics does."""
     registry = CollectorRegistry()
     clock = Clock()
-    metrics = TenantMetrics(registry, clock=clock, **{"interval": 0.0, **kw})
+    # labels chosen at every refresh unless a test says otherwise
+    kw = {"interval": 0.0, "relabel_interval": 0.0, **kw}
+    metrics = TenantMetrics(registry, clock=clock, **kw)
     core = vtc.Scheduler(M=M)
     adapter = Adapter(core, EngineConfig(weights=weights or {}), observers=[metrics])
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -236,6 +238,39 @@ def test_at_a_swap_the_interval_goes_to_the_new_label_and_the_old_one_to_other()
     assert decode_tokens(registry) == {"b": 200, "c": 1000, OTHER: 11}
 
 
+def test_labels_are_chosen_at_most_every_relabel_interval_and_nothing_is_lost():
+    """With every label taken, a tenant served far more than a labelled one waits for
+    the next choice of labels, ``relabel_interval`` seconds after the last: its
+    tokens go to _other until then, and to its own series after."""
+    adapter, metrics, registry, clock = setup(
+        M=10**9, max_tenants=2, window=10.0, relabel_interval=10.0
+    )
+    assert metrics.relabel_interval == 10.0
+    running = serve(adapter, ["a", "b", "c"])
+    totals: dict[str, float] = {}
+
+    def second(tokens):
+        adapter.requests.charge([(running[n], k) for n, k in tokens.items()])
+        clock.now += 1.0
+        adapter.step_done()
+        assert increase(registry, totals) == sum(tokens.values())
+
+    second({"a": 100, "b": 100, "c": 10})  # t = 1: the first choice
+    assert labelled(registry) == {"a", "b"}
+    for _ in range(9):  # t = 2 .. 10: c served ten times as much as a, still unlabelled
+        second({"a": 10, "b": 100, "c": 1000})
+        assert labelled(registry) == {"a", "b"}
+    assert decode_tokens(registry)[OTHER] == 10 + 9 * 1000
+    second({"a": 10, "b": 100, "c": 1000})  # t = 11: the next choice
+    assert labelled(registry) == {"b", "c"}
+    assert decode_tokens(registry)["c"] == 1000  # since this refresh's choice
+
+
+def test_relabel_interval_must_not_be_negative():
+    with pytest.raises(ValueError, match="relabel_interval must be >= 0, got -1"):
+        TenantMetrics(CollectorRegistry(), relabel_interval=-1.0)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_no_tenant_without_a_label_was_served_twice_as_much_as_one_with_it(seed):
     import random
@@ -258,8 +293,13 @@ def test_no_tenant_without_a_label_was_served_twice_as_much_as_one_with_it(seed)
         assert max(served[t] for t in names if t not in have) <= 2 * min(served[t] for t in have)
 
 
-def test_a_tenant_labelled_while_idle_has_every_series_at_once():
-    adapter, _, registry, _ = setup(max_tenants=1, weights={"idle": 2.0})
+@pytest.mark.parametrize("relabel_interval", [0.0, 10.0])
+def test_a_tenant_labelled_while_idle_has_every_series_at_once(relabel_interval):
+    # (with labels chosen every 10 s, the label a forgotten tenant frees is given at
+    # the next refresh: the clock never moves here)
+    adapter, _, registry, _ = setup(
+        max_tenants=1, weights={"idle": 2.0}, relabel_interval=relabel_interval
+    )
     adapter.arrive("x1", None, ["x"], 100)
     admit_head(adapter)
     adapter.arrive("i1", None, ["idle"], 10)  # a weight of its own: never forgotten
@@ -622,7 +662,9 @@ def core_setup(**kw):
     """TenantMetrics over a ``vtc.Scheduler`` used directly (no adapter, whose tenants
     are names): the view a refresh reads, and the registry to read the series from."""
     registry = CollectorRegistry()
-    metrics = TenantMetrics(registry, **{"interval": 0.0, "window": 8.0, **kw})
+    metrics = TenantMetrics(
+        registry, **{"interval": 0.0, "relabel_interval": 0.0, "window": 8.0, **kw}
+    )
     core = vtc.Scheduler(M=100_000)
     view = SimpleNamespace(
         core=core, tenancy=SimpleNamespace(weight=core.weight), config=EngineConfig()

@@ -333,15 +333,22 @@ class MetricsMachine(RequestsMachine):
     since the last refresh (a counter's increase, as Prometheus reads it: a series
     that ends, when its tenant loses its label or is forgotten, takes its total
     with it, and a new one starts from 0), and the request gauges summed over
-    tenants are the core's waiting and running counts."""
+    tenants are the core's waiting and running counts. Labels are chosen at every
+    refresh, or at most every 2 s (``relabel_interval``)."""
 
-    @initialize()
-    def start(self):
+    @initialize(relabel_interval=st.sampled_from([0.0, 2.0]))
+    def start(self, relabel_interval):
         super().start()
+        self.relabel_interval = relabel_interval
         self.clock = Clock()
         self.registry = CollectorRegistry()
         self.metrics = TenantMetrics(
-            self.registry, max_tenants=2, interval=0.0, window=5.0, clock=self.clock
+            self.registry,
+            max_tenants=2,
+            interval=0.0,
+            relabel_interval=self.relabel_interval,
+            window=5.0,
+            clock=self.clock,
         )
         self.adapter.observers.append(self.metrics)
         self.ever: Counter[str] = Counter()  # tokens charged, forgotten tenants' too

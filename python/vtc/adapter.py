@@ -1151,6 +1151,7 @@ class Adapter:
             registry,
             max_tenants=self.config.metrics_max_tenants,
             interval=self.config.metrics_interval,
+            relabel_interval=self.config.metrics_relabel_interval,
             budget=budget,
         )
         if not served:

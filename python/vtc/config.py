@@ -33,6 +33,8 @@ variable               meaning (default)
 ``VTC_METRICS_MAX_TENANTS`` tenants with their own ``tenant`` label, the rest
                        summed as ``_other`` (100)
 ``VTC_METRICS_INTERVAL`` seconds between refreshes of the series (1)
+``VTC_METRICS_RELABEL_INTERVAL`` seconds between two choices of the tenants with
+                       a label once every label is taken (10)
 ``VTC_LOCALITY_QUANTUM`` the locality window ``Q`` in weighted tokens, a finite
                        number >= 0: a tenant within ``Q`` of the least served may
                        go first if the engine holds more of its next request's
@@ -134,6 +136,7 @@ VARIABLES = (
     "VTC_METRICS",
     "VTC_METRICS_MAX_TENANTS",
     "VTC_METRICS_INTERVAL",
+    "VTC_METRICS_RELABEL_INTERVAL",
     "VTC_LOCALITY_QUANTUM",
 )
 
@@ -446,6 +449,7 @@ class EngineConfig:
     metrics: str = "auto"  # "auto" | "on" | "off"
     metrics_max_tenants: int = 100
     metrics_interval: float = 1.0
+    metrics_relabel_interval: float = 10.0
     #: ``VTC_LOCALITY_QUANTUM``: the core's ``locality_quantum`` (0: plain VTC)
     locality_quantum: float = 0.0
     #: shared counters across replicas (:func:`shared_counter_settings`; None: one
@@ -492,6 +496,7 @@ class EngineConfig:
             metrics=_metrics_mode(env),
             metrics_max_tenants=_count(env, "VTC_METRICS_MAX_TENANTS", 100),
             metrics_interval=_number(env, "VTC_METRICS_INTERVAL", 1.0),
+            metrics_relabel_interval=_number(env, "VTC_METRICS_RELABEL_INTERVAL", 10.0),
             locality_quantum=_number(env, "VTC_LOCALITY_QUANTUM", 0.0),
             shared=shared_counter_settings(env),
         )

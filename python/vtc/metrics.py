@@ -82,7 +82,14 @@ from vtc.config import METRICS_CHANGES_READER
 from vtc.multiproc import SeriesFiles
 from vtc.observer import AdapterView, Observer, Tracked
 
-__all__ = ["CHANGES_READER", "LABEL_MARGIN", "OTHER", "TenantMetrics", "jain_index"]
+__all__ = [
+    "CHANGES_READER",
+    "LABEL_MARGIN",
+    "OTHER",
+    "RELABEL_INTERVAL",
+    "TenantMetrics",
+    "jain_index",
+]
 
 _log = logging.getLogger("vtc")
 
@@ -101,6 +108,10 @@ OTHER = "_other"
 #: the window: tenants served alike keep their labels (a swap ends series and
 #: starts others, and rewrites vtc's multiprocess files)
 LABEL_MARGIN = 1.0
+
+#: seconds between two choices of the labelled set once every label is taken (the
+#: default of ``TenantMetrics(relabel_interval=)``, ``VTC_METRICS_RELABEL_INTERVAL``)
+RELABEL_INTERVAL = 10.0
 
 #: ``vtc_sync_seconds`` buckets: loopback syncs take ~0.2 ms, a timeout 100 ms
 SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -348,6 +359,8 @@ class TenantMetrics(Observer):
     registry if None).
 
     ``interval``: seconds between two gauge refreshes (0: every step);
+    ``relabel_interval``: seconds between two choices of the labelled set, at a
+    refresh, once every label is taken (0: at every refresh; :meth:`_relabel`);
     ``window``: seconds of service Jain's index and the labelled set look at;
     ``budget``: the KV budget ``M`` of the fairness bound (None: unknown).
     """
@@ -358,6 +371,7 @@ class TenantMetrics(Observer):
         *,
         max_tenants: int = 100,
         interval: float = 1.0,
+        relabel_interval: float = RELABEL_INTERVAL,
         window: float = 30.0,
         budget: int | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -366,6 +380,8 @@ class TenantMetrics(Observer):
             raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
         if not (interval >= 0.0 and window > 0.0):
             raise ValueError(f"interval must be >= 0 and window > 0, got {interval}, {window}")
+        if not relabel_interval >= 0.0:
+            raise ValueError(f"relabel_interval must be >= 0, got {relabel_interval}")
         families = self._families = _families(registry)
         self.service = families.service
         self.counter = families.counter
@@ -380,10 +396,12 @@ class TenantMetrics(Observer):
         self.sync_degraded = families.sync_degraded
         self.max_tenants = max_tenants
         self.interval = interval
+        self.relabel_interval = relabel_interval
         self.window = window
         self.budget = budget
         self._clock = clock
         self._last = -math.inf
+        self._relabelled = -math.inf  # when the labelled set was last chosen (full)
         self._idle = True
         self._longest = 0  # the longest prompt admitted (L of the bound)
         # preemptions not yet on the series, by tenant
@@ -453,7 +471,7 @@ class TenantMetrics(Observer):
         # own snapshots of the window (FairnessWindow: one pass in Rust), which
         # then gives the tenants' gains over the window for the labels.
         jain, spread, _ = self._fairness.refresh(adapter.core, now)
-        self._relabel(adapter.core)
+        self._relabel(adapter.core, now)
         labelled = self._labelled
         # the labelled tenants' rows (changed, or without their gauges yet) and
         # increments, and the sums of the rest (MetricsMirror.take: one call)
@@ -534,7 +552,7 @@ class TenantMetrics(Observer):
             _READERS[id(core)] = weakref.ref(self, _reader_gone(id(core)))
         self._mirror.read(core, CHANGES_READER)
 
-    def _relabel(self, core: Any) -> None:
+    def _relabel(self, core: Any, now: float) -> None:
         """Give at most ``max_tenants`` of the most served tenants (their service
         gained over the window, as of this refresh) their own series, with
         hysteresis: a free label goes to the most served tenant without one (ties:
@@ -549,7 +567,13 @@ class TenantMetrics(Observer):
         (``FairnessWindow.relabel``: the labelled tenants' gains, every tenant's gain
         against the bar, the candidates' order and label values, the swaps), and
         the Python work is for the labels that change; with every tenant fitting, the
-        new ones take labels here (by name)."""
+        new ones take labels here (by name).
+
+        With more tenants than labels, the choice is made at most every
+        ``relabel_interval`` seconds (a free label is taken at the next refresh): a
+        label that changes ends series and starts others, and into a multiprocess
+        directory rewrites vtc's files (~0.7 ms each), which at every refresh would
+        cost more than the rest of it."""
         limit, labelled, tenants = self.max_tenants, self._labelled, self._mirror
         for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
             self._remove(tenant)
@@ -559,6 +583,9 @@ class TenantMetrics(Observer):
             if new:
                 labelled.update(t for _, t in self._claim(sorted((_by_name(t), t) for t in new)))
             return
+        if len(labelled) >= limit and now - self._relabelled < self.relabel_interval:
+            return
+        self._relabelled = now
         # The labelled tenants' gains, the bar, the candidates above it (in Rust, over
         # every tenant), their order and label values, and the swaps: one call
         # (vtc._core.FairnessWindow.relabel, the rule above), then only the changes.
