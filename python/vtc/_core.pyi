@@ -222,6 +222,10 @@ class MetricsMirror:
     def __len__(self) -> int: ...
     def __contains__(self, key: object, /) -> bool:
         """Not a key: ``TypeError``."""
+    @property
+    def removed(self) -> int:
+        """Tenants dropped so far (forgotten, or gone at a full read): while it is
+        unchanged, every tenant mirrored at some point since is mirrored still."""
     def read(self, scheduler: Scheduler, reader: int | None = None) -> bool:
         """Apply ``scheduler``'s changes since reader slot ``reader``'s (default 0)
         last call (``Scheduler.changes``: forgotten clients dropped first); whether it

@@ -113,6 +113,8 @@ LABEL_MARGIN = 1.0
 #: default of ``TenantMetrics(relabel_interval=)``, ``VTC_METRICS_RELABEL_INTERVAL``)
 RELABEL_INTERVAL = 10.0
 
+_NO_SERIES: dict[Any, Any] = {}  # a tenant's series before its first (never written)
+
 #: ``vtc_sync_seconds`` buckets: loopback syncs take ~0.2 ms, a timeout 100 ms
 SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -411,6 +413,7 @@ class TenantMetrics(Observer):
         # core: its rows, the token increments not yet on the series, the totals
         self._core: Any = None  # the core mirrored
         self._mirror = MetricsMirror()
+        self._removed = 0  # the mirror's count of tenants dropped, at the last relabelling
         self._n_active = 0  # tenants with waiting or running requests, at the last refresh
         self._labelled: set[int | str] = set()  # tenants with their own series
         self._warned = False  # of a tenant passed over: its label value was taken
@@ -485,12 +488,15 @@ class TenantMetrics(Observer):
         unlabelled = preempt.keys() - labelled
         if unlabelled:  # to _other (its own increments included)
             preempt[OTHER] = sum(map(preempt.pop, unlabelled))
-        service, child = self.service, self._child
+        service, child, series_of = self.service, self._child, self._series
+        prompt_key, decode_key = (id(service), "prompt"), (id(service), "decode")  # _child's
         for i, p, d in increments:
+            tenant = names[i]
+            series = series_of.get(tenant, _NO_SERIES)
             if p:
-                child(service, names[i], "prompt")[0].inc(p)
+                (series.get(prompt_key) or child(service, tenant, "prompt"))[0].inc(p)
             if d:
-                child(service, names[i], "decode")[0].inc(d)
+                (series.get(decode_key) or child(service, tenant, "decode"))[0].inc(d)
         if other_p:
             child(service, OTHER, "prompt")[0].inc(other_p)
         if other_d:
@@ -502,13 +508,21 @@ class TenantMetrics(Observer):
         weight = adapter.tenancy.weight
         for i, c, w, r in taken:
             tenant = names[i]
-            row = rows.get(tenant)
-            if row is None:
-                row = self._row(tenant)
-            for entry, value in ((row[0], c), (row[1], weight(tenant)), (row[2], w), (row[3], r)):
-                if entry[1] != value and value is not None:
-                    entry[0].set(value)
-                    entry[1] = value
+            row = rows.get(tenant) or self._row(tenant)
+            counter, weighs, waiting, running = row  # [child, last value set] each
+            if c is not None and counter[1] != c:
+                counter[0].set(c)
+                counter[1] = c
+            v = weight(tenant)
+            if weighs[1] != v:
+                weighs[0].set(v)
+                weighs[1] = v
+            if waiting[1] != w:
+                waiting[0].set(w)
+                waiting[1] = w
+            if running[1] != r:
+                running[0].set(r)
+                running[1] = r
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)
@@ -575,9 +589,11 @@ class TenantMetrics(Observer):
         directory rewrites vtc's files (~0.7 ms each), which at every refresh would
         cost more than the rest of it."""
         limit, labelled, tenants = self.max_tenants, self._labelled, self._mirror
-        for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
-            self._remove(tenant)
-            labelled.discard(tenant)
+        if tenants.removed != self._removed:  # the mirror dropped tenants since
+            self._removed = tenants.removed
+            for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
+                self._remove(tenant)
+                labelled.discard(tenant)
         if len(tenants) <= limit:
             new = set(tenants.keys()) - labelled
             if new:

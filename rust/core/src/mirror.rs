@@ -143,6 +143,8 @@ pub struct MetricsMirror {
     active: usize,
     /// Takes so far.
     epoch: u64,
+    /// Tenants dropped so far (forgotten, or gone at a full read).
+    removed: u64,
     changed: Vec<ClientId>,
     gone: Vec<Gone>,
 }
@@ -189,12 +191,19 @@ impl MetricsMirror {
         self.index.get(k).is_some()
     }
 
+    /// Tenants dropped so far: while it is unchanged, every tenant mirrored at
+    /// some point since is mirrored still.
+    pub fn removed(&self) -> u64 {
+        self.removed
+    }
+
     fn remove_at(&mut self, id: u32) {
         let Some(e) = self.entries.get_mut(id as usize).and_then(Option::take) else {
             return;
         };
         self.leave(&e.row);
         self.index.remove(&e.key);
+        self.removed += 1;
         if e.pending != (0, 0) {
             let p = self.dropped.entry(e.key).or_insert((0, 0));
             *p = add(*p, e.pending);
@@ -314,6 +323,7 @@ impl MetricsMirror {
         }
         for (key, e) in before {
             // left out of a full read: dropped (already out of the totals)
+            self.removed += 1;
             if e.pending != (0, 0) {
                 let p = self.dropped.entry(key).or_insert((0, 0));
                 *p = add(*p, e.pending);

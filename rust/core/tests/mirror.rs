@@ -54,6 +54,7 @@ fn never_panics_and_stays_the_cores_full_read() {
         let (mut taken, mut lost) = (0u64, 0u64);
         let mut misused = false;
         let mut gone = Vec::new();
+        let (mut mirrored, mut last_removed) = (HashMap::<ClientKey, Row>::new(), 0u64);
         for _ in 0..500 {
             let op = rng.below(14);
             if scheduler_op(&mut rng, &mut s, op, &mut rid, tenants, key) {
@@ -106,6 +107,11 @@ fn never_panics_and_stays_the_cores_full_read() {
                         m.rows().map(|(k, r)| (k.clone(), *r)).collect();
                     assert_eq!(got, want, "seed {seed}");
                     assert_eq!(m.len(), want.len());
+                    // removed() unchanged: no tenant mirrored then has left since
+                    if m.removed() == last_removed {
+                        assert!(mirrored.keys().all(|k| got.contains_key(k)), "seed {seed}");
+                    }
+                    (mirrored, last_removed) = (got.clone(), m.removed());
                     let active = want.values().filter(|r| r.waiting + r.running > 0).count();
                     let waiting = want.values().map(|r| r.waiting).sum::<usize>();
                     let running = want.values().map(|r| r.running).sum::<usize>();

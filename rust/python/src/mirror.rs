@@ -47,6 +47,12 @@ impl PyMetricsMirror {
         Ok(self.inner.contains(&client_key(key.as_borrowed())?))
     }
 
+    /// Tenants dropped so far (forgotten, or gone at a full read).
+    #[getter]
+    fn removed(&self) -> u64 {
+        self.inner.removed()
+    }
+
     /// Apply `scheduler`'s changes since reader slot `reader`'s last call;
     /// whether it was a full read.
     #[pyo3(signature = (scheduler, reader = None))]
