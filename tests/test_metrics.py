@@ -874,9 +874,15 @@ def test_series_made_and_removed_past_prometheus_clients_checks_read_the_same(
             adapter.step_done()
             seen.append(vtc_samples(registry))
         runs.append(seen)
+        f = metrics._families
+        tenant = next(iter(metrics._rows))
+        entry = metrics._series[tenant][(id(f.counter),)]
         if fast:  # the fast path taken: a pattern child for each family used
-            f = metrics._families
             assert {id(f.service), id(f.counter), id(f.weight), id(f.requests)} == set(f._patterns)
+            # and a refresh sets the value the child keeps
+            assert entry[0] is f.counter.labels(tenant)._value
+        else:  # through the child's set()
+            assert entry[0].child is f.counter.labels(tenant)
     assert runs[0] == runs[1]
     assert len({tuple(sorted({dict(k[1]).get("tenant") for k in s} - {None})) for s in runs[0]}) > 1
 

@@ -222,6 +222,19 @@ class _Families:
                 metric._metrics[labelvalues] = child
         return child
 
+    # A refresh sets ~40 labelled tenants' gauges and adds ~30 tenants' tokens (1,000
+    # tenants in vLLM's step): through a child's set() and inc() each call also checks
+    # the child is observable (made by labels(): always, here) and, for a counter,
+    # that the amount is not negative (token counts never are). The value a child
+    # keeps (prometheus_client's, or vtc's in a multiprocess directory) has the same
+    # set() and inc() without those checks.
+    def value(self, child: Any) -> Any:
+        """What a refresh sets or adds to for ``child``: the value it keeps, or, with
+        prometheus_client's internals not as expected, the child (:class:`_Through`)."""
+        if self._patterns is not None and hasattr(child, "_value"):
+            return child._value
+        return _Through(child)
+
     def remove(self, metric: Any, labelvalues: tuple[str, ...]) -> None:
         """``metric.remove(*labelvalues)`` (str values, the right count)."""
         if self._patterns is None:
@@ -229,6 +242,22 @@ class _Families:
             return
         with metric._lock:
             metric._metrics.pop(labelvalues, None)
+
+
+class _Through:
+    """A child's ``set``/``inc`` with the call shape of the value it keeps (a gauge's
+    ``set`` takes no timestamp: a ``mostrecent`` gauge's child stamps it itself)."""
+
+    __slots__ = ("child",)
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self.child.set(value)
+
+    def inc(self, amount: float) -> None:
+        self.child.inc(amount)
 
 
 def _children_tested(version: str) -> bool:
@@ -506,22 +535,23 @@ class TenantMetrics(Observer):
         preempt.clear()
 
         weight = adapter.tenancy.weight
+        stamp = time.time()  # of the "mostrecent" gauges (as their set() stamps them)
         for i, c, w, r in taken:
             tenant = names[i]
             row = rows.get(tenant) or self._row(tenant)
-            counter, weighs, waiting, running = row  # [child, last value set] each
+            counter, weighs, waiting, running = row  # [value, last value set] each
             if c is not None and counter[1] != c:
-                counter[0].set(c)
+                counter[0].set(float(c), stamp)
                 counter[1] = c
             v = weight(tenant)
             if weighs[1] != v:
-                weighs[0].set(v)
+                weighs[0].set(float(v), stamp)
                 weighs[1] = v
             if waiting[1] != w:
-                waiting[0].set(w)
+                waiting[0].set(float(w))
                 waiting[1] = w
             if running[1] != r:
-                running[0].set(r)
+                running[0].set(float(r))
                 running[1] = r
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
@@ -677,8 +707,9 @@ class TenantMetrics(Observer):
             pending[OTHER] = pending.get(OTHER, 0) + n
 
     def _child(self, metric: Any, tenant: int | str, *labels: str) -> list[Any]:
-        """``[child, last value set]`` of a series, its child made once (labels() is
-        slow: it validates and locks on every call)."""
+        """``[value, last value set]`` of a series (``value``: what
+        :meth:`_Families.value` gives, to ``set`` or ``inc``), its child made once
+        (labels() is slow: it validates and locks on every call)."""
         series = self._series.get(tenant)
         if series is None:
             series = self._series[tenant] = {}
@@ -687,7 +718,8 @@ class TenantMetrics(Observer):
         if entry is None:
             families = self._families
             with families.creating():
-                entry = series[key] = [families.child(metric, (_label(tenant), *labels)), None]
+                child = families.child(metric, (_label(tenant), *labels))
+                entry = series[key] = [families.value(child), None]
         return entry
 
     def _row(self, tenant: int | str) -> tuple[list[Any], ...]:
@@ -705,7 +737,7 @@ class TenantMetrics(Observer):
     def _set(self, metric: Any, tenant: int | str, *labels: str, value: float) -> None:
         entry = self._child(metric, tenant, *labels)
         if entry[1] != value:
-            entry[0].set(value)
+            entry[0].set(float(value))
             entry[1] = value
 
     def _remove(self, tenant: int | str) -> None:
