@@ -43,7 +43,8 @@ series                               type       meaning
 
 Cardinality is bounded: at most ``max_tenants`` tenants get their own ``tenant``
 label, among the most served over the window (ties: by name), kept with
-hysteresis (:data:`LABEL_MARGIN`, :meth:`TenantMetrics._relabel`); the others
+hysteresis (:data:`LABEL_MARGIN`, :meth:`TenantMetrics._relabel`) and, once every
+label is taken, chosen again every ``relabel_interval`` seconds; the others
 are summed under ``tenant="_other"`` (their counters are not: a sum of virtual
 counters means nothing, so ``_other`` has no ``vtc_tenant_counter`` nor
 ``vtc_tenant_weight``). The series of a tenant that leaves the labelled set, or
@@ -602,7 +603,7 @@ class TenantMetrics(Observer):
         hysteresis: a free label goes to the most served tenant without one (ties:
         by name); a tenant without a label takes the label of the least served
         labelled tenant once it was served more than ``1 + LABEL_MARGIN`` times as
-        much. After a refresh with every label taken,
+        much. After a choice of labels with every label taken,
         no tenant without a label was served more than ``1 + LABEL_MARGIN`` times as
         much as any tenant with one, but for a tenant whose label value another
         tenant's label holds (:meth:`_claim`).
