@@ -356,6 +356,11 @@ class MetricsMachine(RequestsMachine):
     def forgotten(self, tenant: str) -> None:
         self.ever["prompt"] += self.prompt[tenant]
         self.ever["decode"] += self.decode[tenant]
+        # its series ended with it: one of the same labels before the next refresh
+        # (the tenant back, labelled again) is a new series, from 0
+        self.tokens = {
+            k: v for k, v in getattr(self, "tokens", {}).items() if dict(k)["tenant"] != tenant
+        }
 
     def charged_so_far(self) -> Counter[str]:
         return Counter(
