@@ -10,6 +10,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyTuple};
 use vtc_core::{ClientCap, CoreError};
 
 use crate::errors::{invalid, Error, Result};
+use crate::PyScheduler;
 
 /// Whether the type of `obj` defines the special method `name` (an
 /// exception raised *by* such a method is the caller's and propagates).
@@ -36,6 +37,15 @@ pub(crate) fn type_error(what: &str, expected: &str, obj: &Bound<'_, PyAny>) -> 
         repr(obj),
         type_name(obj)
     )))
+}
+
+/// `obj` as a `vtc.Scheduler` (the classes that read or change one take it as an
+/// argument), else `TypeError`.
+pub(crate) fn scheduler_arg<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+) -> Result<&'a Bound<'py, PyScheduler>> {
+    obj.cast::<PyScheduler>()
+        .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
 }
 
 /// The Python int an integer argument stands for: an int or anything with

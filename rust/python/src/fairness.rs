@@ -8,10 +8,9 @@ use vtc_core::fairness::FairnessWindow;
 use vtc_core::relabel::Holder;
 use vtc_core::ClientKey;
 
-use crate::convert::{float_arg, int_arg, type_error};
+use crate::convert::{float_arg, int_arg, scheduler_arg, type_error};
 use crate::errors::{invalid, Result};
 use crate::keys::{client_key, key_to_py};
-use crate::PyScheduler;
 
 /// The window snapshots of one metrics reader. See `vtc/_core.pyi`.
 #[pyclass(module = "vtc", name = "FairnessWindow")]
@@ -25,11 +24,6 @@ enum ClashHolder {
     Labelled(usize),
     Tenant(ClientKey),
     Reserved,
-}
-
-fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
-    obj.cast::<PyScheduler>()
-        .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
 }
 
 #[pymethods]

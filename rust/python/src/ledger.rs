@@ -8,11 +8,10 @@ use vtc_core::ledger::{Read, SyncLedger};
 use vtc_core::wire::{parse_changed, push_json};
 use vtc_core::ClientKey;
 
-use crate::convert::{float_arg, mapping_items, type_error};
+use crate::convert::{float_arg, mapping_items, scheduler_arg};
 use crate::errors::{invalid, Result};
 use crate::keys::{client_key, key_to_py};
 use crate::views::reader_arg;
-use crate::PyScheduler;
 
 /// One replica's sync ledger. See `vtc/_core.pyi`.
 #[pyclass(module = "vtc", name = "SyncLedger")]
@@ -22,11 +21,6 @@ pub(crate) struct PySyncLedger {
     json: Vec<u8>,
     /// The counters of the reply being applied (`take_changed`), cleared when used.
     pulled: Vec<(ClientKey, f64)>,
-}
-
-fn scheduler_arg<'a, 'py>(obj: &'a Bound<'py, PyAny>) -> Result<&'a Bound<'py, PyScheduler>> {
-    obj.cast::<PyScheduler>()
-        .map_err(|_| type_error("scheduler", "a vtc.Scheduler", obj))
 }
 
 fn key_list<'py>(py: Python<'py>, keys: &[ClientKey]) -> PyResult<Bound<'py, PyList>> {

@@ -7,11 +7,10 @@ use pyo3::types::{PyDict, PyList};
 use vtc_core::mirror::{MetricsMirror, Row};
 use vtc_core::KeyRef;
 
-use crate::convert::type_error;
+use crate::convert::scheduler_arg;
 use crate::errors::Result;
 use crate::keys::{client_key, key_to_py};
 use crate::views::reader_arg;
-use crate::PyScheduler;
 
 /// The mirror of one metrics reader. See `vtc/_core.pyi`.
 #[pyclass(module = "vtc", name = "MetricsMirror")]
@@ -62,9 +61,7 @@ impl PyMetricsMirror {
         scheduler: &Bound<'_, PyAny>,
         reader: Option<&Bound<'_, PyAny>>,
     ) -> Result<bool> {
-        let scheduler = scheduler
-            .cast::<PyScheduler>()
-            .map_err(|_| type_error("scheduler", "a vtc.Scheduler", scheduler))?;
+        let scheduler = scheduler_arg(scheduler)?;
         let r = reader_arg(reader)?;
         let mut g = scheduler.get().lock(py)?;
         Ok(self.inner.read(&mut g.core, r)?)
