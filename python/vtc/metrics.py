@@ -620,8 +620,9 @@ class TenantMetrics(Observer):
         directory rewrites vtc's files (~0.7 ms each), which at every refresh would
         cost more than the rest of it."""
         limit, labelled, tenants = self.max_tenants, self._labelled, self._mirror
-        if tenants.removed != self._removed:  # the mirror dropped tenants since
-            self._removed = tenants.removed
+        removed = tenants.removed
+        if removed != self._removed:  # the mirror dropped tenants since
+            self._removed = removed
             for tenant in [t for t in labelled if t not in tenants]:  # the core forgot it
                 self._remove(tenant)
                 labelled.discard(tenant)

@@ -483,13 +483,11 @@ class SeriesFiles:
         return file
 
     def _follow_fork(self) -> None:
-        """In a process forked from the one that made the values, start again from
-        zero in files of its own, as prometheus_client's values do: the parent's
-        files still count what the parent wrote."""
-        pid = _PID
-        if pid == self._pid:
-            return
-        self._pid = pid
+        """In a process forked from the one that made the values (its callers' check:
+        ``self._pid != _PID``), start again from zero in files of its own, as
+        prometheus_client's values do: the parent's files still count what the parent
+        wrote."""
+        self._pid = _PID
         self._files.clear()  # the parent's: not closed here, the parent writes them
         self._stale.clear()
         self._asked.clear()  # the parent's spares, worker's jobs and thread are the parent's
