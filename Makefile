@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SIM_ARGS ?= all --out results
+# pip, in every recipe and script below: retry a failed connection and resume a cut
+# download more often than its defaults (5) before an install fails; the engines'
+# installs fetch ~3 GB of torch and CUDA wheels. (An older pip ignores the second.)
+export PIP_RETRIES ?= 10
+export PIP_RESUME_RETRIES ?= 20
 
 .PHONY: run test test-core test-package dev lint bench clean test-vllm system-deps test-loaded
 

@@ -48,7 +48,7 @@ source "$REPO/scripts/lib-torch-venv.sh"  # refuses a non-venv; step 1: torch
 
 # 2. SGLang itself, without its GPU requirement set.
 if ! installed sglang "$SGLANG_VERSION"; then
-    "$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
+    pip_install -q --no-deps "sglang==$SGLANG_VERSION"
 fi
 
 # 3. The import-time requirements, at SGLang's pins where it has them.
@@ -76,10 +76,10 @@ with open(sys.argv[1], "w") as f:
     f.write("\n".join(lines) + "\n")
 print("sglang import requirements: " + " ".join(lines))
 PYEOF
-"$PY" -m pip install -q --no-warn-conflicts -r "$tmp/requirements.txt" -c "$tmp/constraints.txt"
+pip_install -q --no-warn-conflicts -r "$tmp/requirements.txt" -c "$tmp/constraints.txt"
 
 # 4. vtc (editable) and the test runner, torch still held.
-"$PY" -m pip install -q --no-warn-conflicts -e "$REPO[metrics,redis]" pytest pytest-timeout -c "$tmp/constraints.txt"
+pip_install -q --no-warn-conflicts -e "$REPO[metrics,redis]" pytest pytest-timeout -c "$tmp/constraints.txt"
 
 # The point: SGLang's scheduler and the plugin import on this CPU, beside this torch.
 "$PY" -W ignore - <<'PYEOF'

