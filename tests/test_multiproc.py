@@ -11,12 +11,15 @@ import sys
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, values
+from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from helpers import DEADLINE_S, wait_for
 from vtc import multiproc
-from vtc.multiproc import SeriesFiles
+from vtc.multiproc import SeriesFiles, series_key
 
 
 @pytest.fixture
@@ -44,6 +47,46 @@ def served(files: SeriesFiles, registry: CollectorRegistry) -> tuple[Counter, Ga
             "t_waiting", "waiting", ["tenant"], registry=registry, multiprocess_mode="livesum"
         )
     return tokens, waiting
+
+
+# vtc's families' shapes: (metric name, sample name, label names, other label values, help)
+FAMILY_SHAPES = [
+    ("vtc_tenant_service_tokens", "vtc_tenant_service_tokens_total", ("tenant", "kind"),
+     ("prompt",), "Tokens charged to a tenant"),
+    ("vtc_tenant_counter", "vtc_tenant_counter", ("tenant",), (), "A tenant's virtual counter"),
+    ("vtc_tenant_requests", "vtc_tenant_requests", ("tenant", "state"), ("waiting",),
+     "A tenant's requests by state"),
+    # labels whose names sort before the tenant's, and one with JSON's special characters
+    ("m", "m_total", ("tenant", "a", "zz"), ("x", 'q"\\\n\u00e9'), 'help "quoted"\n'),
+]  # fmt: skip
+
+
+@given(st.sampled_from(FAMILY_SHAPES), st.text())
+def test_a_series_key_is_prometheus_clients_mmap_key(shape, tenant):
+    """The key made from a family's template (``series_key``) is the one prometheus_client
+    makes and reads, for any tenant name: quotes, backslashes, control characters, non-ASCII
+    and the template's own placeholder included."""
+    metric_name, name, labelnames, rest, help_text = shape
+    values_ = (tenant, *rest)
+    assert series_key(metric_name, name, labelnames, values_, help_text) == mmap_key(
+        metric_name, name, labelnames, values_, help_text
+    )
+
+
+@pytest.mark.parametrize("tenant", ["\x00vtc-tenant\x00", '"\x00vtc-tenant\x00"', "", "🦀\ud800"])
+def test_a_series_key_with_the_templates_placeholder_or_odd_characters(tenant):
+    for metric_name, name, labelnames, rest, help_text in FAMILY_SHAPES:
+        values_ = (tenant, *rest)
+        assert series_key(metric_name, name, labelnames, values_, help_text) == mmap_key(
+            metric_name, name, labelnames, values_, help_text
+        )
+
+
+def test_a_series_key_without_a_leading_tenant_label_is_mmap_key():
+    for labelnames, values_ in [((), ()), (("kind", "tenant"), ("prompt", "t"))]:
+        assert series_key("m", "m", labelnames, values_, "h") == mmap_key(
+            "m", "m", labelnames, values_, "h"
+        )
 
 
 def test_removed_series_leave_the_directory_and_the_rest_keep_their_values(directory):

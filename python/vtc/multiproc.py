@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import logging
 import mmap
@@ -49,6 +50,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from prometheus_client import values
@@ -93,6 +95,43 @@ def _finish_workers() -> None:
         jobs.put(None)
     for thread, _ in running:
         thread.join(_EXIT_WAIT_S)
+
+
+# A series' key in the files is prometheus_client's mmap_key: the JSON of its metric
+# name, sample name, labels (keys sorted) and help, ~2.3 us each (json.dumps). A
+# relabelling makes ~100-140 series, each the same as the last of its family but for
+# the tenant label, whose value sorts last (its name does: "kind", "state" <
+# "tenant") and so sits at one place in the JSON: the key is made from the family's
+# template around that place and the tenant's JSON string (~0.1 us), the same
+# string mmap_key makes (tests/test_multiproc.py compares them).
+_PLACEHOLDER = "\x00vtc-tenant\x00"  # never in a family's own names, labels or help
+_PLACEHOLDER_JSON = encode_basestring_ascii(_PLACEHOLDER)
+
+
+@functools.lru_cache(maxsize=256)
+def _key_template(
+    metric_name: str, name: str, labelnames: tuple[str, ...], rest: tuple[str, ...], help_text: str
+) -> tuple[str, str] | None:
+    """The key of a series with these names, labels ``("tenant", *rest)`` and help, cut
+    around its tenant value's JSON; None if the placeholder is not there once (then
+    :func:`series_key` calls mmap_key)."""
+    key = mmap_key(metric_name, name, labelnames, (_PLACEHOLDER, *rest), help_text)
+    if key.count(_PLACEHOLDER_JSON) != 1:
+        return None
+    head, tail = key.split(_PLACEHOLDER_JSON)
+    return head, tail
+
+
+def series_key(
+    metric_name: str, name: str, labelnames: tuple[str, ...], labelvalues: Any, help_text: str
+) -> str:
+    """prometheus_client's ``mmap_key`` of a series (a family's template filled with the
+    tenant label's value when the first label is the tenant)."""
+    if labelnames[:1] == ("tenant",):
+        template = _key_template(metric_name, name, labelnames, tuple(labelvalues[1:]), help_text)
+        if template is not None:
+            return template[0] + encode_basestring_ascii(labelvalues[0]) + template[1]
+    return mmap_key(metric_name, name, labelnames, labelvalues, help_text)
 
 
 def entry_head(key: str) -> bytes:
@@ -312,9 +351,9 @@ class _Value:
         **_kwargs: Any,
     ) -> None:
         self.prefix = f"{typ}_{multiprocess_mode}" if typ == "gauge" else typ
-        self.key = mmap_key(metric_name, name, labelnames, labelvalues, help_text)
-        self.head = entry_head(self.key)  # the key as its file entry starts
         labelnames = tuple(labelnames)
+        self.key = series_key(metric_name, name, labelnames, labelvalues, help_text)
+        self.head = entry_head(self.key)  # the key as its file entry starts
         self.tenant: str | None = labelvalues[0] if labelnames[:1] == ("tenant",) else None
         self.value = 0.0
         self.timestamp = 0.0
@@ -336,6 +375,25 @@ class _Value:
         return None
 
 
+class _Creating:
+    """:meth:`SeriesFiles.creating`'s block (a class, not a generator: a relabelling
+    enters ~100 of them, one per series made)."""
+
+    __slots__ = ("files", "saved")
+
+    def __init__(self, files: SeriesFiles) -> None:
+        self.files = files
+
+    def __enter__(self) -> None:
+        self.files._lock.acquire()
+        self.saved = values.ValueClass
+        values.ValueClass = self.files.value_class
+
+    def __exit__(self, *exc: object) -> None:
+        values.ValueClass = self.saved
+        self.files._lock.release()
+
+
 class SeriesFiles:
     """vtc's values of this process in ``directory`` (the module doc)."""
 
@@ -352,18 +410,11 @@ class SeriesFiles:
         self._spares = self._worker.spares  # prefix -> the file its next rewrite fills
         self.value_class = type("Value", (_Value,), {"files": self})
 
-    @contextlib.contextmanager
-    def creating(self) -> Iterator[None]:
+    def creating(self) -> _Creating:
         """prometheus_client's metrics created in this block (and the children made
         by ``labels()``) keep their values here. Metrics read the value class when
         they make a value, from the module: it is swapped for the block."""
-        with self._lock:
-            saved = values.ValueClass
-            values.ValueClass = self.value_class
-            try:
-                yield
-            finally:
-                values.ValueClass = saved
+        return _Creating(self)
 
     def path(self, prefix: str) -> str:
         """The file of ``prefix`` (``counter``, ``gauge_livesum``, ...) for this process."""
