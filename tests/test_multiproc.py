@@ -112,6 +112,42 @@ def test_removed_series_leave_the_directory_and_the_rest_keep_their_values(direc
     assert {p.suffix for p in directory.iterdir()} <= {".db", ".next"}
 
 
+@pytest.mark.filterwarnings("ignore:Removal of labels")  # prometheus_client in multiprocess mode
+def test_a_value_written_again_lands_where_its_entry_is_now(directory):
+    """A value remembers where its entry is between writes (``SeriesFiles.write``'s fast
+    path): after its file grew, was rewritten by a compaction, after another tenant's
+    removal and after its own series was made again, each write still shows in the
+    files, and a removed series' writes never do."""
+    files = SeriesFiles(str(directory))
+    tokens, waiting = served(files, CollectorRegistry())
+    with files.creating():
+        a, gone = tokens.labels("a"), waiting.labels("gone")
+    a.inc(1)
+    gone.set(4)
+    with files.creating():  # the counter file grows past its first 64 KiB, mapped again
+        for i in range(700):
+            tokens.labels(f"tenant-with-a-longer-name-{i:04}").inc(1)
+    assert (directory / f"counter_{os.getpid()}-vtc.db").stat().st_size > 1 << 16
+    a.inc(2)
+    assert collect(directory)[("t_tokens_total", frozenset({("tenant", "a")}))] == 3
+    files.remove("gone")
+    gone.set(5)  # removed, not compacted yet: its file is stale, not written
+    a.inc(4)
+    files.compact()  # both files rewritten: new positions
+    a.inc(8)
+    seen = collect(directory)
+    assert seen[("t_tokens_total", frozenset({("tenant", "a")}))] == 15
+    assert ("t_waiting", frozenset({("tenant", "gone")})) not in seen
+    gone.set(6)  # still removed: never written again
+    assert ("t_waiting", frozenset({("tenant", "gone")})) not in collect(directory)
+    tokens.remove("a")  # prometheus_client forgets the child, vtc's files keep it...
+    with files.creating():
+        again = tokens.labels("a")  # ...until a new one has the series
+    again.inc(1)
+    a.inc(100)  # the old child: not the series any more
+    assert collect(directory)[("t_tokens_total", frozenset({("tenant", "a")}))] == 1
+
+
 def test_the_engines_own_values_stay_in_prometheus_client_files(directory, monkeypatch):
     monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
     registry = CollectorRegistry()

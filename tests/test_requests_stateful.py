@@ -27,6 +27,9 @@ output steps that are uniform or not. After every call:
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 
@@ -34,6 +37,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
 from helpers import Clock, Out
@@ -352,6 +356,7 @@ class MetricsMachine(RequestsMachine):
         )
         self.adapter.observers.append(self.metrics)
         self.ever: Counter[str] = Counter()  # tokens charged, forgotten tenants' too
+        self.reader = self.registry  # where the series are read: the registry itself
 
     def forgotten(self, tenant: str) -> None:
         self.ever["prompt"] += self.prompt[tenant]
@@ -372,14 +377,14 @@ class MetricsMachine(RequestsMachine):
     def step_done(self, seconds):
         self.clock.now += seconds
         self.adapter.step_done()  # a refresh (interval 0)
-        tokens = series(self.registry, "vtc_tenant_service_tokens_total")
+        tokens = series(self.reader, "vtc_tenant_service_tokens_total")
         before = getattr(self, "tokens", {})
         grown = by_label({k: v - before.get(k, 0.0) for k, v in tokens.items()}, "kind")
         charged, last = self.charged_so_far(), getattr(self, "charged", Counter())
         for kind in ("prompt", "decode"):
             assert grown[kind] == charged[kind] - last[kind], (kind, before, tokens)
         self.tokens, self.charged = tokens, charged
-        requests = by_label(series(self.registry, "vtc_tenant_requests"), "state")
+        requests = by_label(series(self.reader, "vtc_tenant_requests"), "state")
         assert requests["running"] == self.core.num_running
         assert requests["waiting"] == self.core.num_waiting + self.requests.num_aside
 
@@ -390,3 +395,36 @@ RequestsMachine.TestCase.settings = settings(
 TestRequests = RequestsMachine.TestCase
 MetricsMachine.TestCase.settings = RequestsMachine.TestCase.settings
 TestRequestsWithMetrics = MetricsMachine.TestCase
+
+
+class DirectoryMetricsMachine(MetricsMachine):
+    """The same, with the series in a prometheus_client multiprocess directory (vtc's
+    own files, vtc.multiproc, as vLLM and SGLang serve them), read back by
+    prometheus_client's collector as a server's ``/metrics`` reads them: each refresh
+    writes values into files that label swaps and forgotten tenants rewrite
+    (compaction), and a value remembers where its entry is between writes."""
+
+    @initialize(relabel_interval=st.sampled_from([0.0, 2.0]))
+    def start(self, relabel_interval):
+        self.directory = tempfile.mkdtemp(prefix="vtc-prom-")
+        self.saved_env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.directory  # read by TenantMetrics
+        super().start(relabel_interval)
+        assert self.metrics._families.files is not None  # into the directory
+        self.reader = CollectorRegistry()
+        MultiProcessCollector(self.reader, path=self.directory)
+
+    def teardown(self):
+        if getattr(self, "directory", None) is None:
+            return
+        if self.saved_env is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.saved_env
+        shutil.rmtree(self.directory, ignore_errors=True)  # its worker may still make a spare
+
+
+DirectoryMetricsMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None
+)
+TestRequestsWithMetricsInADirectory = DirectoryMetricsMachine.TestCase

@@ -186,13 +186,16 @@ class _File:
         self._used = used
         self._positions = positions
 
-    def write_value(self, key: str, head: bytes, value: float, timestamp: float) -> None:
-        """Set ``key``'s value, appending its entry if the file has none."""
+    def write_value(self, key: str, head: bytes, value: float, timestamp: float) -> int:
+        """Set ``key``'s value, appending its entry if the file has none; the value's
+        position (it stays there while the file is in place: :meth:`_grow` maps the
+        file again, with the same layout)."""
         pos = self._positions.get(key)
         if pos is None:
             pos = self._append(head)
             self._positions[key] = pos
-        self._m[pos : pos + 16] = _DOUBLES.pack(value, timestamp)
+        _DOUBLES.pack_into(self._m, pos, value, timestamp)
+        return pos
 
     def _append(self, head: bytes) -> int:
         """A new entry (value 0) at the end; its value's position."""
@@ -357,6 +360,11 @@ class _Value:
         self.tenant: str | None = labelvalues[0] if labelnames[:1] == ("tenant",) else None
         self.value = 0.0
         self.timestamp = 0.0
+        # where its last write went: the file, the value's position in it, and the
+        # SeriesFiles' layout generation then (SeriesFiles.write)
+        self.file: _File | None = None
+        self.pos = 0
+        self.layout = -1
         self.files.add(self)
 
     def inc(self, amount: float) -> None:
@@ -408,6 +416,7 @@ class SeriesFiles:
         self._asked: set[str] = set()  # prefixes whose spare the worker is making
         self._worker = _Worker(self)
         self._spares = self._worker.spares  # prefix -> the file its next rewrite fills
+        self._layout = 0  # the generation of the files' layout (write's fast path)
         self.value_class = type("Value", (_Value,), {"files": self})
 
     def creating(self) -> _Creating:
@@ -430,14 +439,21 @@ class SeriesFiles:
         with self._lock:
             if self._pid != _PID:
                 self._follow_fork()
-            self._series.setdefault(value.prefix, {})[value.key] = value
+            series = self._series.setdefault(value.prefix, {})
+            if value.key in series:  # another value had this series: its writes end
+                self._layout += 1
+            series[value.key] = value
             if value.tenant is not None:
                 self._tenants.setdefault(value.tenant, []).append(value)
             if value.prefix not in self._stale:
-                self._file(value.prefix).write_value(
-                    value.key, value.head, value.value, value.timestamp
-                )
+                self._write_entry(value)
 
+    # A refresh writes ~150 values. A value written once knows where its entry is
+    # (its file and position) as long as the layout generation it saw is current;
+    # everything that moves an entry or makes a value's write wrong bumps it: a
+    # rewrite (new file, new positions), a removal (the series must not be written
+    # until the compaction: its file is stale), a fork (the parent's files). A file
+    # that grows keeps its positions (its map is read at each write).
     def write(self, value: _Value, new: float, timestamp: float, add: bool = False) -> None:
         """Set ``value`` to ``new`` (``add``: add ``new`` to it, after a fork to the
         child's value, from zero)."""
@@ -447,9 +463,19 @@ class SeriesFiles:
             if add:
                 new += value.value
             value.value, value.timestamp = new, timestamp
+            if value.layout == self._layout:
+                _DOUBLES.pack_into(value.file._m, value.pos, new, timestamp)  # type: ignore[union-attr]
+                return
             prefix = value.prefix
             if prefix not in self._stale and self._series[prefix].get(value.key) is value:
-                self._file(prefix).write_value(value.key, value.head, new, timestamp)
+                self._write_entry(value)
+
+    def _write_entry(self, value: _Value) -> None:
+        """Write ``value`` to its file (appending its entry if new) and remember where."""
+        file = self._file(value.prefix)  # may rewrite it: a new layout
+        value.pos = file.write_value(value.key, value.head, value.value, value.timestamp)
+        value.file = file
+        value.layout = self._layout
 
     def remove(self, tenant: str) -> None:
         """Remove every series labelled ``tenant`` (from the files at :meth:`compact`)."""
@@ -459,6 +485,7 @@ class SeriesFiles:
                 if series.get(value.key) is value:
                     del series[value.key]
                     self._stale.add(value.prefix)
+                    self._layout += 1
 
     def remove_tenants(self) -> None:
         """Remove the series of every tenant."""
@@ -524,6 +551,7 @@ class SeriesFiles:
         file.path = path
         old = self._files.get(prefix)
         self._files[prefix] = file
+        self._layout += 1
         if old is not None:
             worker.close(old)
         if prefix not in self._asked:
@@ -539,6 +567,7 @@ class SeriesFiles:
         prometheus_client's values do: the parent's files still count what the parent
         wrote."""
         self._pid = _PID
+        self._layout += 1
         self._files.clear()  # the parent's: not closed here, the parent writes them
         self._stale.clear()
         self._asked.clear()  # the parent's spares, worker's jobs and thread are the parent's
