@@ -643,15 +643,19 @@ def check_series(mset: MetricsSet) -> None:
 
     * tokens: each labelled tenant's ``prompt`` and ``decode`` series grew by
       what vLLM computed for it (admitted prompts, generated tokens), counted by
-      the bench from vLLM's outputs; ``_other`` by the other tenants' (a tenant
-      that gains its label starts from 0, one the core forgot too);
+      the bench from vLLM's outputs; ``_other`` by the other tenants' (a series
+      made again, its tenant labelled again or back after the core forgot it,
+      goes on from the total its last one ended with, 0 if it had none; none of
+      those totals is dropped during the check);
     * requests: each labelled tenant's waiting and running requests are vLLM's,
       ``_other`` has the rest; active tenants, counters as the core has them;
     * cardinality: min(tenants, VTC_METRICS_MAX_TENANTS) labelled; no preemption.
     """
+    import vtc.metrics
     from vtc.metrics import OTHER
 
     listening: dict[str, tuple[ForgetRecorder, dict[str, dict[tuple[str, ...], float]]]] = {}
+    ended: dict[str, dict[tuple[str, str], float]] = {}  # the ended series' totals kept
     for variant, clock in mset.clocks.items():
         engine, metrics = mset.engines[variant], clock.metrics
         metrics.interval = math.inf
@@ -660,7 +664,16 @@ def check_series(mset: MetricsSet) -> None:
         engine.tally = {}
         clock.refresh(engine.s.vtc_adapter)
         listening[variant] = (recorder, scrape(variant, mset.directory))
-    mset.run(CHECK_ROUNDS)
+        service = id(metrics.service)
+        ended[variant] = {
+            (key[1], key[2]): total for key, total in metrics._ended.items() if key[0] == service
+        }
+    kept = vtc.metrics.ENDED_KEPT_PER_LABEL
+    vtc.metrics.ENDED_KEPT_PER_LABEL = 10**6  # none dropped during the check
+    try:
+        mset.run(CHECK_ROUNDS)
+    finally:
+        vtc.metrics.ENDED_KEPT_PER_LABEL = kept
     for variant, (recorder, before) in listening.items():
         engine, metrics = mset.engines[variant], mset.clocks[variant].metrics
         assert engine.tally  # the window charged something
@@ -677,11 +690,17 @@ def check_series(mset: MetricsSet) -> None:
         assert (OTHER in {key[0] for key in requests}) == (len(core_counters) > len(labelled))
 
         was = before.get("vtc_tenant_service_tokens_total", {})
+
+        def start_of(key: tuple[str, str]) -> float:
+            """What ``key``'s series showed at the first scrape, else what the last
+            one ended with (a series made again goes on from it)."""
+            return was[key] if key in was else ended[variant].get(key, 0.0)  # noqa: B023
+
         for kind in ("prompt", "decode"):
             other = 0
             for tenant, counts in engine.tally.items():
                 if tenant in labelled:
-                    start = 0.0 if tenant in recorder.tenants else was.get((tenant, kind), 0.0)
+                    start = start_of((tenant, kind))
                     got = tokens.get((tenant, kind), 0.0) - start
                     assert got == counts[kind], (variant, tenant, kind, got, counts[kind])
                 else:
@@ -690,7 +709,7 @@ def check_series(mset: MetricsSet) -> None:
             assert got == other, (variant, kind, got, other)
             for (tenant, k), value in tokens.items():  # tenants vLLM computed nothing for
                 if k == kind and tenant not in engine.tally and tenant != OTHER:
-                    assert value == (0.0 if tenant in recorder.tenants else was[(tenant, k)])
+                    assert value == start_of((tenant, k))
 
         running = {r.request_id for r in engine.s.running}
         want: dict[tuple[str, str], int] = {}

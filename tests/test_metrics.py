@@ -18,7 +18,7 @@ import vtc
 from helpers import Clock, FairnessReference
 from vtc.adapter import Adapter
 from vtc.config import EngineConfig
-from vtc.metrics import OTHER, TenantMetrics, jain_index
+from vtc.metrics import ENDED_KEPT_PER_LABEL, OTHER, TenantMetrics, jain_index
 
 
 @pytest.fixture(autouse=True, params=["registry", "directory"])
@@ -328,6 +328,91 @@ def test_forgotten_tenants_leave_no_series():
     assert 'tenant="gone"' not in exposed and 'tenant="stays"' in exposed
 
 
+def test_a_tenant_forgotten_and_back_goes_on_from_its_series_total():
+    """A tenant forgotten (its series removed) and back before a scrape with more
+    tokens than it had: its series goes on from its old total, so a scrape sees it grow
+    by what it was served since (from 0, Prometheus would read no reset and undercount
+    by the whole old total). Its preemptions' counter too."""
+    adapter, _, registry, _ = setup()
+    prompt = {"tenant": "back", "kind": "prompt"}
+    t = adapter.arrive("a1", None, ["back"], 10)
+    admit_head(adapter)
+    adapter.requests.put_back(t)  # preempted, admitted again
+    admit_head(adapter)
+    adapter.step_done()
+    total = value(registry, "vtc_tenant_service_tokens_total", **prompt)
+    assert total is not None and 0 < total < 30
+    assert value(registry, "vtc_tenant_preemptions_total", tenant="back") == 1
+    adapter.requests.release("a1", finished=True)
+    adapter.arrive("b1", None, ["stays"], 10)
+    admit_head(adapter)
+    assert adapter.tenancy.forget_idle() == 1
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_service_tokens_total", **prompt) is None  # ended
+    adapter.arrive("a2", None, ["back"], 30)  # back, with more than its old total
+    admit_head(adapter)
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_service_tokens_total", **prompt) == total + 30
+    # a counter series is made when it has something to count: preempted again
+    assert value(registry, "vtc_tenant_preemptions_total", tenant="back") is None
+    adapter.requests.put_back(adapter.requests.get("a2"))
+    adapter.step_done()
+    assert value(registry, "vtc_tenant_preemptions_total", tenant="back") == 1 + 1
+
+
+def test_a_tenant_that_gets_its_label_back_goes_on_from_its_series_total():
+    """A label swap ends a series; the tenant labelled again later goes on from that
+    series' total (what it was served meanwhile went to _other)."""
+    adapter, _, registry, _ = setup(max_tenants=1)
+    tokens = decode_tokens
+    for name in ("a", "b"):
+        adapter.arrive(f"{name}1", None, [name], 1)
+    a, b = admit_head(adapter), admit_head(adapter)
+    adapter.requests.charge([(a, 50)])
+    adapter.step_done()
+    assert labelled(registry) == {a.tenant}
+    first = tokens(registry)[a.tenant]
+    clock_gap = 0
+    while labelled(registry) != {b.tenant}:  # b served far more: it takes the label
+        adapter.requests.charge([(b, 200)])
+        adapter.step_done()
+        clock_gap += 1
+        assert clock_gap < 100
+    adapter.requests.charge([(a, 7)])  # a, unlabelled: under _other
+    while labelled(registry) != {a.tenant}:
+        adapter.requests.charge([(a, 1000)])
+        adapter.step_done()
+    assert tokens(registry)[a.tenant] >= first + 1000  # went on from its total
+
+
+def test_only_the_latest_ended_series_totals_are_kept():
+    """The totals of the last ENDED_KEPT_PER_LABEL x max_tenants ended series are kept;
+    a tenant whose series ended before those starts again from 0."""
+    adapter, metrics, registry, _ = setup(max_tenants=1, M=10**9)
+    kept = ENDED_KEPT_PER_LABEL * 1
+    names = [f"t{i}" for i in range(kept)]
+    for i, name in enumerate(names):  # each served 3x the last: it takes the one label
+        t = adapter.arrive(f"{name}-1", None, [name], 1)
+        admit_head(adapter)
+        adapter.requests.charge([(t, 3 ** (i + 1))])
+        adapter.step_done()
+        assert labelled(registry) == {name}
+    # kept - 1 tenants lost the label, each leaving 2 series (prompt and decode): the
+    # first ones' totals dropped
+    assert len(metrics._ended) == kept and {key[1] for key in metrics._ended} == set(
+        names[-1 - kept // 2 : -1]
+    )
+    for name, served in ((names[0], 3 ** (kept + 2)), (names[-2], 3 ** (kept + 4))):
+        before = decode_tokens(registry).get(name)
+        assert before is None  # no series now
+        t = adapter.requests.get(f"{name}-1")
+        adapter.requests.charge([(t, served)])
+        adapter.step_done()
+        assert labelled(registry) == {name}
+        on_from = 0 if name == names[0] else 3 ** (len(names) - 1)  # names[-2]'s old total
+        assert decode_tokens(registry)[name] == on_from + served, name
+
+
 def test_names_are_label_values_as_they_are():
     adapter, _, registry, _ = setup()
     name = 'a"b\nc,d=e}'
@@ -526,31 +611,47 @@ def _series_totals(registry, name, key):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
+def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed, monkeypatch):
     """Differential: random arrivals, admissions, charges, finishes, preemptions and
     forgets, a refresh after a random few; after each the mirror (pulled
     incrementally, by C passes over the changed tenants) equals the core's full read,
     and the token series add up to every token charged (none lost, none twice; the
-    series of a tenant forgotten or unlabelled leave with what they showed); the
+    series of a tenant forgotten or unlabelled leave with what they showed, and a
+    series made again goes on from it: every ended total kept here); the
     spread and Jain's index gauges (from the core's FairnessWindow) are what the
     Python computation they replace gives (``helpers.FairnessReference``)."""
     import random
 
     rng = random.Random(seed)
+    monkeypatch.setattr(vtc.metrics, "ENDED_KEPT_PER_LABEL", 10**6)  # none dropped
     adapter, metrics, registry, clock = setup(M=2_000, max_tenants=5)
     core = adapter.core
     reference = FairnessReference(metrics.window)
     charged = {"prompt": 0, "decode": 0}
     live: list = []
     n = 0
-    removed = 0.0  # shown by the series removed (tenants forgotten or unlabelled)
+    # (tenant, kind) -> what a series removed (its tenant forgotten or unlabelled)
+    # showed, until it is made again (then it goes on from that)
+    ended: dict[tuple[str, str], float] = {}
 
-    def removing(call) -> float:
-        """Call ``call``; the tokens the series it removed showed."""
-        shown = _series_totals(registry, "vtc_tenant_service_tokens_total", None)
+    def by_series() -> dict[tuple[str, str], float]:
+        return {
+            (sample.labels["tenant"], sample.labels["kind"]): sample.value
+            for family in registry.collect()
+            for sample in family.samples
+            if sample.name == "vtc_tenant_service_tokens_total"
+        }
+
+    def removing(call) -> None:
+        """Call ``call``; keep what the series it removed showed, drop what the
+        series it made again took over."""
+        shown = by_series()
         call()
-        left = shown.keys() - _series_totals(registry, "vtc_tenant_service_tokens_total", None)
-        return sum(shown[t] for t in left)
+        now = by_series()
+        for key in shown.keys() - now.keys():
+            ended[key] = shown[key]
+        for key in now.keys() - shown.keys():
+            ended.pop(key, None)
 
     for _ in range(300):
         op = rng.random()
@@ -577,10 +678,10 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
             t = live.pop(rng.randrange(len(live)))
             adapter.requests.put_back(t)  # preempted: waits again
         elif op < 0.9:
-            removed += removing(adapter.tenancy.forget_idle)
+            removing(adapter.tenancy.forget_idle)
         if rng.random() < 0.3:
             clock.now += rng.random()
-            removed += removing(adapter.step_done)
+            removing(adapter.step_done)
             assert _mirrored(metrics, 0) == core.counters()
             assert _mirrored(metrics, 1) == core.services()
             assert _mirrored_active(metrics) == core.active_clients()
@@ -597,7 +698,9 @@ def test_the_mirror_pulled_by_changes_is_the_cores_full_read(seed):
             assert waiting == sum(w for w, _ in core.active_clients().values())
             assert running == sum(r for _, r in core.active_clients().values())
             tokens = _series_totals(registry, "vtc_tenant_service_tokens_total", "kind")
-            assert sum(tokens.values()) + removed == charged["prompt"] + charged["decode"]
+            assert sum(tokens.values()) + sum(ended.values()) == (
+                charged["prompt"] + charged["decode"]
+            )
 
 
 # registry mode only: in one process, a second registry's families would write the

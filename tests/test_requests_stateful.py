@@ -335,8 +335,9 @@ class MetricsMachine(RequestsMachine):
     three tenants, so the rest is summed under ``_other`` and labels move), refreshed
     at every engine step: the token counters grew by exactly the tokens charged
     since the last refresh (a counter's increase, as Prometheus reads it: a series
-    that ends, when its tenant loses its label or is forgotten, takes its total
-    with it, and a new one starts from 0), and the request gauges summed over
+    that ends, when its tenant loses its label or is forgotten, and is made again
+    when its tenant is labelled again goes on from its total,
+    ``vtc.metrics.ENDED_KEPT_PER_LABEL``), and the request gauges summed over
     tenants are the core's waiting and running counts. Labels are chosen at every
     refresh, or at most every 2 s (``relabel_interval``)."""
 
@@ -361,11 +362,6 @@ class MetricsMachine(RequestsMachine):
     def forgotten(self, tenant: str) -> None:
         self.ever["prompt"] += self.prompt[tenant]
         self.ever["decode"] += self.decode[tenant]
-        # its series ended with it: one of the same labels before the next refresh
-        # (the tenant back, labelled again) is a new series, from 0
-        self.tokens = {
-            k: v for k, v in getattr(self, "tokens", {}).items() if dict(k)["tenant"] != tenant
-        }
 
     def charged_so_far(self) -> Counter[str]:
         return Counter(
@@ -383,7 +379,10 @@ class MetricsMachine(RequestsMachine):
         charged, last = self.charged_so_far(), getattr(self, "charged", Counter())
         for kind in ("prompt", "decode"):
             assert grown[kind] == charged[kind] - last[kind], (kind, before, tokens)
-        self.tokens, self.charged = tokens, charged
+        # a series absent now (ended) keeps its last value: made again, it goes on
+        # from there (at most 3 tenants x 3 counter series: none of their totals
+        # dropped, ENDED_KEPT_PER_LABEL x max_tenants are kept)
+        self.tokens, self.charged = {**before, **tokens}, charged
         requests = by_label(series(self.reader, "vtc_tenant_requests"), "state")
         assert requests["running"] == self.core.num_running
         assert requests["waiting"] == self.core.num_waiting + self.requests.num_aside

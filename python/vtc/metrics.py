@@ -85,6 +85,7 @@ from vtc.observer import AdapterView, Observer, Tracked
 
 __all__ = [
     "CHANGES_READER",
+    "ENDED_KEPT_PER_LABEL",
     "LABEL_MARGIN",
     "OTHER",
     "RELABEL_INTERVAL",
@@ -115,6 +116,16 @@ LABEL_MARGIN = 1.0
 RELABEL_INTERVAL = 10.0
 
 _NO_SERIES: dict[Any, Any] = {}  # a tenant's series before its first (never written)
+
+#: A counter series that ends (its tenant loses its label, or the core forgets it)
+#: leaves its total behind; a series of the same labels made again (the tenant labelled
+#: again) starts from it, so that rate() and increase() across the gap count only what
+#: was served since: a new series from 0 reads as a counter reset only when its value
+#: is below the old one, and a tenant back with more than that before the next scrape
+#: would be undercounted by its whole old total. The totals of the last
+#: ``ENDED_KEPT_PER_LABEL * max(1, max_tenants)`` series ended are kept (a tenant has
+#: up to three counter series); older ones are dropped and their series start from 0.
+ENDED_KEPT_PER_LABEL = 8
 
 #: ``vtc_sync_seconds`` buckets: loopback syncs take ~0.2 ms, a timeout 100 ms
 SYNC_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -259,6 +270,12 @@ class _Through:
 
     def inc(self, amount: float) -> None:
         self.child.inc(amount)
+
+    def get(self) -> float:
+        """The child's value (0.0 where it cannot be read: its series then starts anew
+        when made again, as it did before :data:`ENDED_KEPT_PER_LABEL`)."""
+        value = getattr(self.child, "_value", None)
+        return float(value.get()) if value is not None else 0.0
 
 
 def _children_tested(version: str) -> bool:
@@ -451,6 +468,9 @@ class TenantMetrics(Observer):
         self._series: dict[int | str, dict[tuple[Any, ...], list[Any]]] = {}
         # labelled tenant -> its counter, weight, waiting and running entries of _series
         self._rows: dict[int | str, tuple[list[Any], ...]] = {}
+        # (counter family id, label value, *labels) -> an ended series' total, oldest
+        # first (ENDED_KEPT_PER_LABEL)
+        self._ended: dict[tuple[Any, ...], float] = {}
         # the window's snapshots of every tenant's service, in the core
         self._fairness = FairnessWindow(window)
 
@@ -719,9 +739,14 @@ class TenantMetrics(Observer):
         entry = series.get(key)
         if entry is None:
             families = self._families
+            label = _label(tenant)
             with families.creating():
-                child = families.child(metric, (_label(tenant), *labels))
+                child = families.child(metric, (label, *labels))
                 entry = series[key] = [families.value(child), None]
+            if self._ended:
+                total = self._ended.pop((id(metric), label, *labels), None)
+                if total:  # its series ended: this one goes on from its total
+                    entry[0].inc(total)
         return entry
 
     def _row(self, tenant: int | str) -> tuple[list[Any], ...]:
@@ -752,11 +777,20 @@ class TenantMetrics(Observer):
         families = self._families
         metrics, remove = families.by_id, families.remove
         label = _label(tenant)
-        for metric_id, *labels in series:
+        counters, ended = (id(families.service), id(families.preemptions)), self._ended
+        for (metric_id, *labels), entry in series.items():
+            if metric_id in counters:  # its total kept for a series made again
+                total = entry[0].get()
+                if total:
+                    key = (metric_id, label, *labels)
+                    ended.pop(key, None)  # newest last
+                    ended[key] = total
             try:
                 remove(metrics[metric_id], (label, *labels))
             except KeyError:  # pragma: no cover - already gone
                 pass
+        while len(ended) > ENDED_KEPT_PER_LABEL * max(1, self.max_tenants):
+            del ended[next(iter(ended))]
         files = families.files
         if files is not None:
             files.remove(label)
