@@ -322,7 +322,29 @@ def _by_name(tenant: int | str) -> tuple[str, bool]:
     return (_label(tenant), type(tenant) is not str)
 
 
-_BY_REGISTRY: dict[int, tuple[Any, str, _Families]] = {}
+# registry -> (the multiprocess directory then, its families), held weakly: a registry
+# dropped (a test's, an engine's made and let go) takes its families with it, and in a
+# multiprocess directory vtc's open files (SeriesFiles). A registry that cannot be
+# referenced weakly is held by id for the process's life (_HELD).
+_BY_REGISTRY: weakref.WeakKeyDictionary[Any, tuple[str, _Families]] = weakref.WeakKeyDictionary()
+_HELD: dict[int, tuple[Any, str, _Families]] = {}
+
+
+def _registry_entry(registry: Any) -> tuple[str, _Families] | None:
+    """``registry``'s (directory, families), or None."""
+    try:
+        return _BY_REGISTRY.get(registry)
+    except TypeError:  # not weakly referable, or not hashable
+        held = _HELD.get(id(registry))
+        return held[1:] if held is not None and held[0] is registry else None
+
+
+def _keep_entry(registry: Any, entry: tuple[str, _Families]) -> None:
+    try:
+        _BY_REGISTRY[registry] = entry
+    except TypeError:
+        _HELD[id(registry)] = (registry, *entry)
+
 
 #: id(core) -> the TenantMetrics that last pulled the core's reader slot
 #: :data:`CHANGES_READER`: another that pulls it next starts the slot again (a full
@@ -360,25 +382,25 @@ def _families(registry: Any) -> _Families:
         "prometheus_multiproc_dir", ""
     )
     registry = REGISTRY if registry is None else registry
-    entry = _BY_REGISTRY.get(id(registry))
-    if entry is not None and entry[0] is registry and entry[1] != directory:
-        for metric in entry[2].labelled + entry[2].unlabelled:  # another directory now
+    entry = _registry_entry(registry)
+    if entry is not None and entry[0] != directory:
+        for metric in entry[1].labelled + entry[1].unlabelled:  # another directory now
             registry.unregister(metric)
-    if entry is None or entry[0] is not registry or entry[1] != directory:
+    if entry is None or entry[0] != directory:
         files = None
         if directory:
             files = SeriesFiles(directory)
             _silence_removal_warnings()
-        entry = (registry, directory, _Families(registry, files))
-        _BY_REGISTRY[id(registry)] = entry
+        entry = (directory, _Families(registry, files))
+        _keep_entry(registry, entry)
     else:
-        families = entry[2]
+        families = entry[1]
         for metric in families.labelled:
             metric.clear()
         if families.files is not None:
             families.files.remove_tenants()
             families.files.compact()
-    return entry[2]
+    return entry[1]
 
 
 def _silence_removal_warnings() -> None:
