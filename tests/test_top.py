@@ -97,6 +97,50 @@ def test_the_live_view_redraws_with_shares_over_the_last_interval(served):
     del a
 
 
+def test_a_tenant_whose_series_came_back_shows_what_it_was_served_since(served):
+    """A tenant's series gone from one scrape (forgotten by the core) and back, going on
+    from its old total: its share is what it was served since it was last seen, not
+    its whole total; a series below its last total (a restarted server) counts whole."""
+    url, registry, override = served
+    adapter = engine(registry)
+    adapter.arrive("a1", None, ["gone"], 40)
+    adapter.requests.admit(adapter.requests.head(), 0)  # gone: 40 prompt tokens
+    adapter.requests.release("a1", finished=True)
+    s = adapter.arrive("s1", None, ["stays"], 10)
+    adapter.requests.admit(adapter.requests.head(), 0)
+    adapter.step_done()
+    frames_at: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        frames_at.append("")
+        if len(frames_at) == 1:  # gone forgotten: absent from the second scrape
+            adapter.requests.charge([(s, 10)])
+            assert adapter.tenancy.forget_idle() == 1
+            adapter.step_done()
+        elif len(frames_at) == 2:  # back: its series goes on from 40
+            adapter.arrive("a2", None, ["gone"], 30)
+            adapter.requests.admit(adapter.requests.head(), 0)
+            adapter.requests.charge([(s, 30)])
+            adapter.step_done()
+        elif len(frames_at) == 3:  # a restarted server: every total from 0
+            override["body"] = (
+                b"# TYPE vtc_tenant_service_tokens counter\n"
+                b'vtc_tenant_service_tokens_total{tenant="gone",kind="prompt"} 5.0\n'
+                b'vtc_tenant_service_tokens_total{tenant="stays",kind="prompt"} 15.0\n'
+            )
+        else:
+            raise KeyboardInterrupt
+
+    out = io.StringIO()
+    assert top.main([url, "--interval", "0.5"], out=out, sleep=sleep) == 0
+    frames = out.getvalue().split(top.CLEAR)[1:]
+    assert len(frames) == 4
+    rows = [{ln.split()[0]: ln.split() for ln in f.splitlines()[4:] if ln.strip()} for f in frames]
+    assert "gone" not in rows[1]
+    assert rows[2]["gone"][1] == "50.0%" and rows[2]["stays"][1] == "50.0%"  # 30 : 30
+    assert rows[3]["gone"][1] == "25.0%" and rows[3]["stays"][1] == "75.0%"  # 5 : 15
+
+
 def test_a_url_without_vtc_series_or_unreachable_is_a_clear_error(served, capsys):
     url, _, override = served
     override["body"] = b"# HELP other_total x\n# TYPE other_total counter\nother_total 1.0\n"

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 __all__ = ["Sample", "frame", "main", "parse", "scrape"]
@@ -100,12 +100,32 @@ def _fmt(x: float, spec: str = ".0f") -> str:
     return "-" if math.isnan(x) else format(x, spec)
 
 
+#: tenants whose last token totals the live view remembers (:func:`remember`)
+SEEN_TENANTS = 10_000
+
+
+def remember(seen: dict[str, float], now: Sample) -> dict[str, float]:
+    """``seen`` (each tenant's token total as last scraped) brought up to ``now``. A
+    tenant's series may be absent from a scrape (it lost its label, or the core forgot
+    it) and come back going on from its old total (docs/metrics.md): its share is
+    then what it was served since it was last seen. At most ``SEEN_TENANTS`` kept (past
+    that, only the tenants of ``now``)."""
+    seen = {**seen, **now.tokens}
+    return seen if len(seen) <= SEEN_TENANTS else dict(now.tokens)
+
+
 def frame(now: Sample, before: Sample | None, seconds: float, url: str) -> str:
     """One screen: the tenants' shares of the tokens charged since ``before``
-    (since the server started if None), most served first."""
+    (since the server started if None), most served first. ``before.tokens`` may
+    hold tenants absent from its scrape (:func:`remember`)."""
     base = before.tokens if before is not None else {}
-    delta = {t: now.tokens.get(t, 0.0) - base.get(t, 0.0) for t in now.tenants()}
-    delta = {t: max(d, 0.0) for t, d in delta.items()}  # a restarted server resets
+    delta = {}
+    for t in now.tenants():
+        total = now.tokens.get(t, 0.0)
+        d = total - base.get(t, 0.0)
+        # below its last total: a series started again from 0 (a restarted server),
+        # as Prometheus reads a counter reset: served since, its whole total
+        delta[t] = d if d >= 0 else total
     total = sum(delta.values())
     since = f"last {seconds:.1f}s" if before is not None else "since start"
     lines = [
@@ -145,6 +165,7 @@ def main(
         parser.error(f"--interval must be > 0, got {args.interval}")
     out = sys.stdout if out is None else out
     before: Sample | None = None
+    seen: dict[str, float] = {}
     last = time.monotonic()
     try:
         while True:
@@ -167,7 +188,8 @@ def main(
             out.flush()
             if args.once:
                 return 0
-            before, last = now, t
+            seen = remember(seen, now)
+            before, last = replace(now, tokens=seen), t
             sleep(args.interval)
     except KeyboardInterrupt:
         out.write("\n")
