@@ -41,9 +41,14 @@ from redis_server import RedisServer, running_redis  # noqa: E402
 
 SLOTS = 2  # --max-running-requests
 MAX_NEW = 32
-PER_PAIR = 96  # requests each (server, tenant) pair receives, at once
-WARMUP = 6 * SLOTS * MAX_NEW  # tokens each server generates before the first scrape
-WINDOW = 24 * SLOTS * MAX_NEW  # tokens both generate between the two scrapes
+# The window is counted in tokens, but shared counters act in time: a sync every 50 ms,
+# stretched to keep its CPU under VTC_SYNC_CPU_SHARE (0.5%: a few hundred ms apart).
+# At ~850 tokens a second a server (this CPU on a quick day) 24 batches of tokens took
+# ~1.2 s and one run measured A's share at 0.275, per-server level; 96 take ~4 s there,
+# more on a slower day. The backlogs outlast warm-up and window with room to spare.
+PER_PAIR = 256  # requests each (server, tenant) pair receives, at once
+WARMUP = 12 * SLOTS * MAX_NEW  # tokens each server generates before the first scrape
+WINDOW = 96 * SLOTS * MAX_NEW  # tokens both generate between the two scrapes
 NAMESPACE = "sglang-replicas"
 PAIRS = ((0, "A"), (0, "B"), (1, "B"))
 

@@ -266,6 +266,24 @@ def server(request, model_dir, tmp_path_factory) -> Iterator[Server]:
     yield from running(s)
 
 
+# The blocker's tokens: it must outlast the plan's submissions, each only once the one
+# before is seen queued. At ~850 tokens a second (this CPU, one running request) 400
+# lasted ~0.45 s, and a `make test` saw the 8th request of a plan queued at the
+# blocker's 387th token: the next /v1/loads read came after the blocker finished, and
+# the wait for "8 queued" hung until its timeout. 1,600 (the tiny model's positions
+# are 2,048) give ~2 s; and a wait for a request queued ends when the blocker has
+# finished, so that a plan outrun by it fails on its order, not after ten minutes.
+BLOCKER_TOKENS = 1600
+
+
+def _wait_until_queued(server: Server, n: int, out: dict[str, Any]) -> None:
+    """Until the server has ``n`` requests waiting (or the blocker finished)."""
+    server.wait_for(
+        f"{n} queued (or the blocker finished)",
+        lambda load: load["num_waiting_reqs"] >= n or "blocker" in out,
+    )
+
+
 def submit_in_order(
     server: Server, plan: list[tuple], blocker_priority: int | None = None
 ) -> dict[str, Any]:
@@ -274,13 +292,15 @@ def submit_in_order(
     queued the one before: the server's arrival order is the plan's. Returns the
     responses."""
     out: dict[str, Any] = {}
-    threads = [server.generate("blocker", 400, out, "blocker", priority=blocker_priority)]
+    threads = [
+        server.generate("blocker", BLOCKER_TOKENS, out, "blocker", priority=blocker_priority)
+    ]
     server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
     for i, (name, tenant, tokens, *priority) in enumerate(plan):
         threads.append(
             server.generate(tenant, tokens, out, name, priority=next(iter(priority), None))
         )
-        server.wait_for(f"{i + 1} queued", lambda load, n=i + 1: load["num_waiting_reqs"] >= n)
+        _wait_until_queued(server, i + 1, out)
     for t in threads:
         t.join(DEADLINE)
     for name in ["blocker", *(p[0] for p in plan)]:
@@ -385,11 +405,11 @@ def _wait_for_reload(server: Server) -> None:
 def _submit_prompts_in_order(server: Server, plan: list[tuple]) -> dict[str, Any]:
     """:func:`submit_in_order` for a plan of (name, tenant, max_new_tokens, prompt)."""
     out: dict[str, Any] = {}
-    threads = [server.generate("blocker", 400, out, "blocker")]
+    threads = [server.generate("blocker", BLOCKER_TOKENS, out, "blocker")]
     server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
     for i, (name, tenant, tokens, prompt) in enumerate(plan):
         threads.append(server.generate(tenant, tokens, out, name, prompt=prompt))
-        server.wait_for(f"{i + 1} queued", lambda load, n=i + 1: load["num_waiting_reqs"] >= n)
+        _wait_until_queued(server, i + 1, out)
     for t in threads:
         t.join(DEADLINE)
     for name in ["blocker", *(p[0] for p in plan)]:
