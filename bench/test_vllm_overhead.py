@@ -62,7 +62,6 @@ from vllm_harness import (  # noqa: E402
     write_tiny_llama,
 )
 
-from vtc.observer import Observer  # noqa: E402
 from vtc.vllm import VTCRequestQueue, VTCScheduler  # noqa: E402
 
 TENANTS = 64
@@ -518,16 +517,6 @@ class MetricsClock:
         metrics.refresh = clocked_refresh
 
 
-class ForgetRecorder(Observer):
-    """The tenants the core forgot while it listens (their series restart)."""
-
-    def __init__(self) -> None:
-        self.tenants: set[str] = set()
-
-    def forgot(self, tenants: list[str]) -> None:
-        self.tenants.update(tenants)
-
-
 class MetricsSet:
     """VTCScheduler with metrics off, into a fresh multiprocess directory, and into
     the default registry: built fresh on the same seeded workload and stepped
@@ -654,16 +643,14 @@ def check_series(mset: MetricsSet) -> None:
     import vtc.metrics
     from vtc.metrics import OTHER
 
-    listening: dict[str, tuple[ForgetRecorder, dict[str, dict[tuple[str, ...], float]]]] = {}
+    listening: dict[str, dict[str, dict[tuple[str, ...], float]]] = {}  # the first scrape
     ended: dict[str, dict[tuple[str, str], float]] = {}  # the ended series' totals kept
     for variant, clock in mset.clocks.items():
         engine, metrics = mset.engines[variant], clock.metrics
         metrics.interval = math.inf
-        recorder = ForgetRecorder()
-        engine.s.vtc_adapter.observers.append(recorder)
         engine.tally = {}
         clock.refresh(engine.s.vtc_adapter)
-        listening[variant] = (recorder, scrape(variant, mset.directory))
+        listening[variant] = scrape(variant, mset.directory)
         service = id(metrics.service)
         ended[variant] = {
             (key[1], key[2]): total for key, total in metrics._ended.items() if key[0] == service
@@ -674,7 +661,7 @@ def check_series(mset: MetricsSet) -> None:
         mset.run(CHECK_ROUNDS)
     finally:
         vtc.metrics.ENDED_KEPT_PER_LABEL = kept
-    for variant, (recorder, before) in listening.items():
+    for variant, before in listening.items():
         engine, metrics = mset.engines[variant], mset.clocks[variant].metrics
         assert engine.tally  # the window charged something
         metrics.refresh(engine.s.vtc_adapter)
@@ -725,7 +712,6 @@ def check_series(mset: MetricsSet) -> None:
         assert after["vtc_tenants_active"][()] == len({t for t, _ in want})
         assert {t: counters[(t,)] for t in labelled} == {t: core_counters[t] for t in labelled}
         assert not any(after.get("vtc_tenant_preemptions_total", {}).values())
-        engine.s.vtc_adapter.observers.remove(recorder)
 
 
 @pytest.mark.parametrize("tenants", METRICS_TENANTS)
