@@ -121,11 +121,11 @@ def frame(now: Sample, before: Sample | None, seconds: float, url: str) -> str:
     base = before.tokens if before is not None else {}
     delta = {}
     for t in now.tenants():
-        total = now.tokens.get(t, 0.0)
-        d = total - base.get(t, 0.0)
+        tokens = now.tokens.get(t, 0.0)
+        d = tokens - base.get(t, 0.0)
         # below its last total: a series started again from 0 (a restarted server),
         # as Prometheus reads a counter reset: served since, its whole total
-        delta[t] = d if d >= 0 else total
+        delta[t] = d if d >= 0 else tokens
     total = sum(delta.values())
     since = f"last {seconds:.1f}s" if before is not None else "since start"
     lines = [
