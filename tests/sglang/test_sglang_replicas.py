@@ -74,6 +74,11 @@ def servers(redis, tmp_path_factory) -> Iterator[list[Server]]:
                 "VTC_REPLICA_ID": f"r{i}",
                 "VTC_METRICS_INTERVAL": "0",
                 "VTC_LOG_INTERVAL": "0",
+                # a sync every 50 ms, never stretched by its CPU share (the default 0.5%
+                # spaces them a few hundred ms apart, more on a quicker machine): the
+                # window's sharing and the reconcile's SLACK (one sync period of a
+                # server's charges) are sized for that period
+                "VTC_SYNC_CPU_SHARE": "1",
             },
             args=("--max-running-requests", str(SLOTS), "--enable-metrics"),
         )
