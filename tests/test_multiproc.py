@@ -4,6 +4,7 @@ the collector the engines' ``/metrics`` use (``MultiProcessCollector``)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -428,3 +429,58 @@ def test_a_forked_child_rewrites_its_own_files(directory):
         f"counter_{pid}-vtc.db",
     }
     assert collect(directory) == {("t_tokens_total", frozenset({("tenant", "stays")})): 7 + 1 + 2}
+
+
+# ops of the differential test below: make a tenant's series, remove a tenant, compact,
+# and a batch of writes (tenant, counter amount, gauge value)
+_TENANTS = st.sampled_from(["a", "b", "c", "d"])
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("make"), _TENANTS),
+        st.tuples(st.just("remove"), _TENANTS),
+        st.tuples(st.just("compact")),
+        st.tuples(
+            st.just("writes"),
+            st.lists(st.tuples(_TENANTS, st.integers(0, 9), st.integers(0, 9)), max_size=6),
+        ),
+    ),
+    max_size=25,
+)
+
+
+@pytest.mark.filterwarnings("ignore:Removal of labels")  # prometheus_client in multiprocess mode
+@given(ops=_OPS)
+def test_writes_in_one_call_read_back_as_written_one_by_one(tmp_path_factory, ops):
+    """``SeriesFiles.write_all`` (a refresh's writes in one call) leaves the files as the
+    same writes through ``write`` one by one do: after removals (a stale file, a removed
+    series' value), compactions and a series made again."""
+    seen = []
+    for batched in (False, True):
+        directory = tmp_path_factory.mktemp("prom")
+        files = SeriesFiles(str(directory))
+        tokens, waiting = served(files, CollectorRegistry())
+        made: dict[str, tuple] = {}  # tenant -> its two values, the last made
+        for op in ops:
+            if op[0] == "make":
+                with files.creating():
+                    made[op[1]] = (tokens.labels(op[1])._value, waiting.labels(op[1])._value)
+            elif op[0] == "remove":
+                files.remove(op[1])  # its values stay in `made`: written to, never seen
+                for family in (tokens, waiting):
+                    with contextlib.suppress(KeyError):  # not made, or removed already
+                        family.remove(op[1])
+            elif op[0] == "compact":
+                files.compact()
+            else:
+                writes = [(made[t], n, g) for t, n, g in op[1] if t in made]
+                if batched:
+                    files.write_all([(v[0], n, None) for v, n, _ in writes], add=True)
+                    files.write_all([(v[1], g, 2.5) for v, _, g in writes])
+                else:
+                    for v, n, _ in writes:
+                        files.write(v[0], n, 0.0, add=True)
+                    for v, _, g in writes:
+                        files.write(v[1], g, 2.5)
+        files.compact()
+        seen.append(collect(directory))
+    assert seen[0] == seen[1]

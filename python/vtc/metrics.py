@@ -136,6 +136,8 @@ class _Families:
 
     def __init__(self, registry: Any, files: SeriesFiles | None) -> None:
         self.files = files
+        # every value :meth:`value` gave is one of vtc's files' (:meth:`write_all`)
+        self._in_files = files is not None
         with self.creating():
             self._create(registry)
 
@@ -243,9 +245,25 @@ class _Families:
     def value(self, child: Any) -> Any:
         """What a refresh sets or adds to for ``child``: the value it keeps, or, with
         prometheus_client's internals not as expected, the child (:class:`_Through`)."""
-        if self._patterns is not None and hasattr(child, "_value"):
-            return child._value
-        return _Through(child)
+        value = getattr(child, "_value", None) if self._patterns is not None else None
+        if value is None:
+            value = _Through(child)
+        if self.files is not None and not isinstance(value, self.files.value_class):
+            self._in_files = False  # write_all: not every value is vtc's
+        return value
+
+    def write_all(self, writes: list[tuple[Any, float, float | None]], add: bool) -> None:
+        """A refresh's writes, in order: each ``(value, amount, None)`` added to its
+        value (``add``), or each ``(value, new, timestamp)`` set (None: no timestamp);
+        values from :meth:`value`. In vtc's files, one call (SeriesFiles.write_all)."""
+        if self._in_files:
+            self.files.write_all(writes, add)  # type: ignore[union-attr]
+        elif add:
+            for value, amount, _ in writes:
+                value.inc(amount)
+        else:
+            for value, new, timestamp in writes:
+                value.set(new, timestamp)
 
     def remove(self, metric: Any, labelvalues: tuple[str, ...]) -> None:
         """``metric.remove(*labelvalues)`` (str values, the right count)."""
@@ -562,40 +580,47 @@ class TenantMetrics(Observer):
             preempt[OTHER] = sum(map(preempt.pop, unlabelled))
         service, child, series_of = self.service, self._child, self._series
         prompt_key, decode_key = (id(service), "prompt"), (id(service), "decode")  # _child's
+        families = self._families
+        writes: list[tuple[Any, float, float | None]] = []  # one call for them all
+        add = writes.append
         for i, p, d in increments:
             tenant = names[i]
             series = series_of.get(tenant, _NO_SERIES)
             if p:
-                (series.get(prompt_key) or child(service, tenant, "prompt"))[0].inc(p)
+                add(((series.get(prompt_key) or child(service, tenant, "prompt"))[0], p, None))
             if d:
-                (series.get(decode_key) or child(service, tenant, "decode"))[0].inc(d)
+                add(((series.get(decode_key) or child(service, tenant, "decode"))[0], d, None))
         if other_p:
-            child(service, OTHER, "prompt")[0].inc(other_p)
+            add((child(service, OTHER, "prompt")[0], other_p, None))
         if other_d:
-            child(service, OTHER, "decode")[0].inc(other_d)
+            add((child(service, OTHER, "decode")[0], other_d, None))
         for tenant, n in preempt.items():
-            child(self.preemptions, tenant)[0].inc(n)
+            add((child(self.preemptions, tenant)[0], n, None))
         preempt.clear()
+        families.write_all(writes, True)
 
         weight = adapter.tenancy.weight
         stamp = time.time()  # of the "mostrecent" gauges (as their set() stamps them)
+        writes = []
+        add = writes.append
         for i, c, w, r in taken:
             tenant = names[i]
             row = rows.get(tenant) or self._row(tenant)
             counter, weighs, waiting, running = row  # [value, last value set] each
             if c is not None and counter[1] != c:
-                counter[0].set(float(c), stamp)
+                add((counter[0], float(c), stamp))
                 counter[1] = c
             v = weight(tenant)
             if weighs[1] != v:
-                weighs[0].set(float(v), stamp)
+                add((weighs[0], float(v), stamp))
                 weighs[1] = v
             if waiting[1] != w:
-                waiting[0].set(float(w))
+                add((waiting[0], float(w), None))
                 waiting[1] = w
             if running[1] != r:
-                running[0].set(float(r))
+                add((running[0], float(r), None))
                 running[1] = r
+        families.write_all(writes, False)
         if other_w or other_r or OTHER in self._series:
             self._set(self.requests, OTHER, "waiting", value=other_w)
             self._set(self.requests, OTHER, "running", value=other_r)

@@ -466,9 +466,37 @@ class SeriesFiles:
             if value.layout == self._layout:
                 _DOUBLES.pack_into(value.file._m, value.pos, new, timestamp)  # type: ignore[union-attr]
                 return
-            prefix = value.prefix
-            if prefix not in self._stale and self._series[prefix].get(value.key) is value:
-                self._write_entry(value)
+            self._write_moved(value)
+
+    # A refresh's ~150 writes as one call: one lock, one fork check, the fast path's
+    # names bound once (~70 ns a write warm, against ~290 through write()).
+    def write_all(
+        self, writes: Iterable[tuple[_Value, float, float | None]], add: bool = False
+    ) -> None:
+        """:meth:`write` of each ``(value, new, timestamp)`` (None: no timestamp) in
+        ``writes``, in order."""
+        with self._lock:
+            if self._pid != _PID:
+                self._follow_fork()
+            layout, pack = self._layout, _DOUBLES.pack_into
+            for value, new, timestamp in writes:
+                if add:
+                    new += value.value
+                timestamp = timestamp or 0.0
+                value.value, value.timestamp = new, timestamp
+                if value.layout == layout:
+                    pack(value.file._m, value.pos, new, timestamp)  # type: ignore[union-attr]
+                else:
+                    self._write_moved(value)
+                    layout = self._layout  # a file made or rewritten: a new layout
+
+    def _write_moved(self, value: _Value) -> None:
+        """Write ``value`` whose entry may have moved since its last write: to its entry
+        found again, or, while its file holds removed series, at the compaction; a
+        value whose series another value or a removal ended is not written."""
+        prefix = value.prefix
+        if prefix not in self._stale and self._series[prefix].get(value.key) is value:
+            self._write_entry(value)
 
     def _write_entry(self, value: _Value) -> None:
         """Write ``value`` to its file (appending its entry if new) and remember where."""
