@@ -1062,3 +1062,41 @@ def test_the_private_path_is_taken_only_for_a_tested_prometheus_client(monkeypat
     with families.creating():
         child = families.child(families.requests, ("a", "waiting"))
     assert child is families.requests.labels("a", "waiting")
+
+
+@pytest.mark.parametrize("where", ["directory"], indirect=True)
+def test_a_multiprocess_directory_removed_under_the_engine_comes_back_at_a_refresh(
+    tmp_path, monkeypatch
+):
+    """A tmp cleaner removes the multiprocess directory while the engine runs: the next
+    refresh writes vtc's series again in it, and a scrape then reads what it reads
+    without the removal (labels changing, a tenant forgotten meanwhile)."""
+    import random
+    import shutil
+
+    from vtc import multiproc
+
+    monkeypatch.setattr(multiproc, "CHECK_DELETED_S", 0.0)
+    runs = []
+    for remove in (False, True):
+        directory = tmp_path / f"prom-{remove}"
+        directory.mkdir()
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+        rng = random.Random(3)
+        adapter, _, registry, clock = setup(M=10**9, max_tenants=4, window=1e6)
+        names = [f"t{i}" for i in range(10)]
+        running = serve(adapter, names)
+        adapter.step_done()
+        for second in range(12):
+            if remove and second in (3, 8):
+                shutil.rmtree(directory, ignore_errors=True)
+            if second == 6:  # one tenant done and forgotten
+                adapter.requests.release("t9-r", finished=True)
+                adapter.tenancy.forget_idle()
+            tokens = {n: rng.randint(1, 30) for n in names if n != "t9" or second < 6}
+            adapter.requests.charge([(running[n], k) for n, k in tokens.items()])
+            clock.now += 1.0
+            adapter.step_done()
+        runs.append(vtc_samples(registry))
+    assert runs[0] == runs[1]
+    assert {dict(k[1]).get("tenant") for k in runs[0]} >= {"_other"}

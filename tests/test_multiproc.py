@@ -484,3 +484,74 @@ def test_writes_in_one_call_read_back_as_written_one_by_one(tmp_path_factory, op
         files.compact()
         seen.append(collect(directory))
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("how", ["files", "directory"])
+def test_files_deleted_under_it_are_written_again(directory, monkeypatch, caplog, how):
+    """vtc's files deleted while in use (a tmp cleaner emptying or removing the
+    directory) are found at the next compaction and written again, in the directory
+    made again, with every value as it is now (the writes meanwhile included): not
+    left mapped and written where no scrape reads them. Logged once."""
+    import shutil
+
+    monkeypatch.setattr(multiproc, "CHECK_DELETED_S", 0.0)
+    files = SeriesFiles(str(directory))
+    tokens, waiting = served(files, CollectorRegistry())
+    with files.creating():
+        a, w = tokens.labels("a"), waiting.labels("a")
+    a.inc(3)
+    w.set(2)
+    churn(files, tokens, 0)  # a rewrite: the worker makes spares, which go too
+    wait_for(lambda: files._worker.ready, "a spare made")
+    expected = {
+        ("t_tokens_total", frozenset({("tenant", "a")})): 10,
+        ("t_waiting", frozenset({("tenant", "a")})): 5,
+    }
+
+    def removed() -> bool:  # the worker may be making a spare there meanwhile
+        shutil.rmtree(directory, ignore_errors=True)
+        return not directory.exists()
+
+    for i in range(2):
+        if how == "directory":
+            wait_for(removed, "the directory removed")
+        else:
+            for path in directory.iterdir():
+                path.unlink()
+            assert collect(directory) == {}
+        a.inc(7 if i == 0 else 0)
+        w.set(5)
+        files.compact()
+        assert collect(directory) == expected
+        churn(files, tokens, 1 + i)  # rewritten again from there (a spare or not)
+        assert collect(directory) == expected
+    deleted = [r for r in caplog.records if "were deleted while in use" in r.getMessage()]
+    assert len(deleted) == 1 and str(directory) in deleted[0].getMessage()
+
+
+def test_a_file_the_worker_cannot_make_is_logged_once(directory, monkeypatch, caplog):
+    """The worker's spares failing at every rewrite (a full disk, the directory gone)
+    log once, not at each rewrite; the rewrites make their own files meanwhile."""
+    init = multiproc._File.__init__
+
+    def no_spares(self, path, entries=(), spare=False):
+        if spare:
+            raise OSError(28, "No space left on device")
+        init(self, path, entries, spare)
+
+    monkeypatch.setattr(multiproc._File, "__init__", no_spares)
+    files = SeriesFiles(str(directory))
+    tokens, _ = served(files, CollectorRegistry())
+    with files.creating():
+        tokens.labels("stays").inc(1)
+    for i in range(4):
+        churn(files, tokens, i)
+        wait_for(lambda: files._worker.ready, "the spare's failure reported")
+    assert collect(directory) == {("t_tokens_total", frozenset({("tenant", "stays")})): 1}
+    thread = files._worker._thread  # not another test's worker, still running
+    failed = [
+        r
+        for r in caplog.records
+        if "prepare of a multiprocess file" in r.getMessage() and r.thread == thread.ident
+    ]
+    assert len(failed) == 1

@@ -47,6 +47,7 @@ import os
 import queue
 import struct
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -65,6 +66,9 @@ _INT = struct.Struct("i")
 _DOUBLES = struct.Struct("dd")
 _INITIAL_SIZE = 1 << 16  # prometheus_client's first size of a file (then doubled)
 _EXIT_WAIT_S = 5.0  # at the interpreter's exit, the most each worker is waited for
+#: the most seconds between two checks for vtc's files deleted under it
+#: (:meth:`SeriesFiles.compact`)
+CHECK_DELETED_S = 1.0
 
 # This process's pid, kept by a fork hook: a write compares it instead of asking the
 # kernel (os.getpid() is a system call, ~0.2 µs, at every value written). A child made
@@ -218,6 +222,11 @@ class _File:
         self._m = mmap.mmap(self._f.fileno(), size)
         self._size = size
 
+    def deleted(self) -> bool:
+        """Whether the file is no longer in any directory (unlinked, or its directory
+        removed): still mapped and written, but no scrape reads it."""
+        return os.fstat(self._f.fileno()).st_nlink == 0
+
     def close(self) -> None:
         self._m.close()
         self._f.close()  # the file's last reference: a replaced one's inode freed here
@@ -314,6 +323,7 @@ def _work_until_told(
     ready: deque[tuple[str, _File | None]],
     spares: dict[str, _File],
 ) -> None:
+    logged: set[tuple[str, type]] = set()  # each kind of failure is logged once
     while True:
         batch = jobs.get()
         if batch is None:
@@ -324,8 +334,10 @@ def _work_until_told(
                     job[1].close()
                 else:
                     ready.append((job[1], _File(job[2], spare=True)))
-            except Exception:  # pragma: no cover - a full disk: the caller makes its own
-                _log.exception("vtc metrics: %s of a multiprocess file failed", job[0])
+            except Exception as e:  # a full disk, the directory gone: the caller makes its own
+                if (job[0], type(e)) not in logged:
+                    logged.add((job[0], type(e)))
+                    _log.exception("vtc metrics: %s of a multiprocess file failed", job[0])
                 if job[0] == "prepare":
                     ready.append((job[1], None))  # asked again at the next rewrite
     for spare in [file for _, file in ready if file is not None] + list(spares.values()):
@@ -417,6 +429,8 @@ class SeriesFiles:
         self._worker = _Worker(self)
         self._spares = self._worker.spares  # prefix -> the file its next rewrite fills
         self._layout = 0  # the generation of the files' layout (write's fast path)
+        self._checked = -float("inf")  # when files deleted under it were last looked for
+        self._warned_deleted = False
         self.value_class = type("Value", (_Value,), {"files": self})
 
     def creating(self) -> _Creating:
@@ -522,10 +536,15 @@ class SeriesFiles:
                 self.remove(tenant)
 
     def compact(self) -> None:
-        """Rewrite the files that still hold removed series."""
+        """Rewrite the files that still hold removed series, and those deleted under
+        it (checked at most every :data:`CHECK_DELETED_S`: :meth:`_find_deleted`)."""
         with self._lock:
             if self._pid != _PID:
                 self._follow_fork()
+            now = time.monotonic()
+            if now - self._checked >= CHECK_DELETED_S:
+                self._checked = now
+                self._find_deleted()
             if not self._stale:
                 return
             with self._worker.holding():
@@ -539,6 +558,28 @@ class SeriesFiles:
             return set(self._tenants)
 
     # -- files ---------------------------------------------------------------------------
+    # A file of vtc's deleted under it (by a tmp cleaner that empties or removes the
+    # directory, or by hand) stays mapped: its values go on being written into it and
+    # no scrape sees them. Found by its link count (an fstat a file), it is rewritten
+    # like a file holding removed series, every value as it is now, in the directory
+    # made again if it went too: vtc's series are back on /metrics, counters at their
+    # totals. (prometheus_client's own files, the engine's series, are not its to
+    # write again.)
+    def _find_deleted(self) -> None:
+        gone = sorted(prefix for prefix, file in self._files.items() if file.deleted())
+        if not gone:
+            return
+        if not self._warned_deleted:
+            self._warned_deleted = True
+            _log.warning(
+                "vtc metrics: vtc's files %s in the multiprocess directory %s were deleted "
+                "while in use; written again (the engine's own files there are not: its "
+                "series stay off /metrics until it restarts)",
+                ", ".join(gone),
+                self.directory,
+            )
+        self._stale.update(gone)
+
     def _file(self, prefix: str) -> _File:
         file = self._files.get(prefix)
         return self._rewrite(prefix) if file is None else file
@@ -557,9 +598,16 @@ class SeriesFiles:
                 self._spares[made] = spare
         entries = self._series.get(prefix, {}).values()
         file = self._spares.pop(prefix, None)
+        if file is not None and file.deleted():  # with its directory, or by hand
+            worker.close(file)
+            file = None
         if file is None:
             new = path + ".new"  # not *.db: the collector never reads it
-            file = _File(new, entries)
+            try:
+                file = _File(new, entries)
+            except FileNotFoundError:  # the directory was removed: made again
+                os.makedirs(self.directory, exist_ok=True)
+                file = _File(new, entries)
         else:
             new = file.path
             try:
