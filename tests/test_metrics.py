@@ -1074,9 +1074,6 @@ def test_a_multiprocess_directory_removed_under_the_engine_comes_back_at_a_refre
     import random
     import shutil
 
-    from vtc import multiproc
-
-    monkeypatch.setattr(multiproc, "CHECK_DELETED_S", 0.0)
     runs = []
     for remove in (False, True):
         directory = tmp_path / f"prom-{remove}"

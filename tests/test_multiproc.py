@@ -494,7 +494,6 @@ def test_files_deleted_under_it_are_written_again(directory, monkeypatch, caplog
     left mapped and written where no scrape reads them. Logged once."""
     import shutil
 
-    monkeypatch.setattr(multiproc, "CHECK_DELETED_S", 0.0)
     files = SeriesFiles(str(directory))
     tokens, waiting = served(files, CollectorRegistry())
     with files.creating():

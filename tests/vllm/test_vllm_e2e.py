@@ -40,6 +40,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -344,10 +345,52 @@ def _run(model: Path, name: str, scheduler_cls: str, tmp_path: Path) -> dict[str
                 )
             ),
         )
+        if "VTC" in scheduler_cls:
+            result["after_removal"] = _after_directory_removed(
+                url, served, log.with_suffix(".prom"), trace
+            )
     result.update(engine_share(trace), log=str(log))
     # Both clocks are CLOCK_MONOTONIC: how long the burst took to reach the engine.
     result["burst_delay"] = result["burst_arrived"] - result.pop("burst_sent")
     return result
+
+
+def _after_directory_removed(url: str, model: str, directory: Path, trace: Path) -> dict:
+    """A tmp cleaner removes the multiprocess directory under the running server; one
+    request of a new tenant later (the engine refreshes its metrics only while it
+    steps), the API server's /metrics has vtc's series again (docs/metrics.md)."""
+
+    def removed() -> bool:  # vtc's worker may be making a file there meanwhile
+        shutil.rmtree(directory, ignore_errors=True)
+        return not directory.exists()
+
+    end = time.monotonic() + 60.0
+    while not removed():
+        assert time.monotonic() < end, f"{directory} not removed"
+        time.sleep(0.05)
+
+    async def one_request() -> list[str]:
+        work = Workload(url, model, trace)
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await work.request(session, "after-removal", 11)
+        return work.errors
+
+    assert asyncio.run(one_request()) == []
+    # vLLM's /metrics answers 400 while the directory is missing (its collector needs
+    # it): vtc makes it again at the refresh of the step that leaves the engine idle.
+    end = time.monotonic() + 120.0
+    while not directory.is_dir():
+        assert time.monotonic() < end, f"{directory} not made again"
+        time.sleep(0.1)
+    service = "vtc_tenant_service_tokens_total"
+    return settled_metrics(
+        url,
+        lambda m: (
+            total(m, service, tenant="after-removal", kind="decode") >= MAX_TOKENS
+            and total(m, "vtc_tenant_requests") == 0
+        ),
+    )
 
 
 # Two servers, each with its start-up and run deadlines: the suite-wide 600 s
@@ -389,6 +432,14 @@ def test_returning_tenant_gets_half_with_vtc_not_with_stock(
     assert not [line for line in serving.splitlines() if " ERROR " in line]
     assert "VTC fair scheduling" not in Path(stock["log"]).read_text(errors="replace")
     check_metrics(fair["metrics"], stock["metrics"])
+    # The multiprocess directory removed under the server: vtc's series came back,
+    # each counter at its total, the new tenant's tokens on it.
+    service, after = "vtc_tenant_service_tokens_total", fair["after_removal"]
+    assert total(after, service, tenant="after-removal", kind="decode") == MAX_TOKENS
+    for tenant in ("bursty", "steady", "probe"):
+        before = total(fair["metrics"], service, tenant=tenant)
+        assert total(after, service, tenant=tenant) == before > 0, tenant
+    assert "were deleted while in use" in vtc_log
     # VTC: the returning tenant is lifted to the floor, then shares evenly.
     assert 0.42 <= fair["bursty_share"] <= 0.58, report
     # Stock FCFS: while steady's earlier backlog lasts, bursty only waits.
