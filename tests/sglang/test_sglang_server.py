@@ -285,21 +285,23 @@ def _wait_until_queued(server: Server, n: int, out: dict[str, Any]) -> None:
 
 
 def submit_in_order(
-    server: Server, plan: list[tuple], blocker_priority: int | None = None
+    server: Server,
+    plan: list[tuple],
+    blocker_priority: int | None = None,
+    option: str = "priority",
 ) -> dict[str, Any]:
-    """Submit ``plan`` (name, tenant, max_new_tokens[, priority]) behind a blocker
-    that keeps the one running slot busy, each request only once the server has
-    queued the one before: the server's arrival order is the plan's. Returns the
-    responses."""
+    """Submit ``plan`` (name, tenant, max_new_tokens[, the value of
+    :meth:`Server.generate`'s keyword ``option``: its priority, or its prompt]) behind
+    a blocker that keeps the one running slot busy, each request only once the
+    server has queued the one before: the server's arrival order is the plan's.
+    Returns the responses."""
     out: dict[str, Any] = {}
     threads = [
         server.generate("blocker", BLOCKER_TOKENS, out, "blocker", priority=blocker_priority)
     ]
     server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
-    for i, (name, tenant, tokens, *priority) in enumerate(plan):
-        threads.append(
-            server.generate(tenant, tokens, out, name, priority=next(iter(priority), None))
-        )
+    for i, (name, tenant, tokens, *value) in enumerate(plan):
+        threads.append(server.generate(tenant, tokens, out, name, **dict(zip([option], value))))
         _wait_until_queued(server, i + 1, out)
     for t in threads:
         t.join(DEADLINE)
@@ -374,7 +376,9 @@ def test_weights_from_the_file_apply_and_a_changed_file_is_reloaded(server):
             server.weights_file.write_text(json.dumps(weights))
             if server.plugin:
                 _wait_for_reload(server)
-        out = _submit_prompts_in_order(server, plan)
+        out = submit_in_order(server, plan, option="prompt")
+        assert all(out[p[0]]["meta_info"]["cached_tokens"] == 0 for p in plan)
+        assert all(_sent(out, "blocker") < _sent(out, p[0]) for p in plan)
         done = sorted((p[0] for p in plan), key=lambda n: _sent(out, n))
         if not server.plugin:
             assert done == [p[0] for p in plan], done  # first come, first served
@@ -400,23 +404,6 @@ def _wait_for_reload(server: Server) -> None:
         return server.log.read_text(errors="replace")
 
     server.poll("the weights reloaded", probe, lambda text: "plat 1 -> 4" in text, every=0.1)
-
-
-def _submit_prompts_in_order(server: Server, plan: list[tuple]) -> dict[str, Any]:
-    """:func:`submit_in_order` for a plan of (name, tenant, max_new_tokens, prompt)."""
-    out: dict[str, Any] = {}
-    threads = [server.generate("blocker", BLOCKER_TOKENS, out, "blocker")]
-    server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
-    for i, (name, tenant, tokens, prompt) in enumerate(plan):
-        threads.append(server.generate(tenant, tokens, out, name, prompt=prompt))
-        _wait_until_queued(server, i + 1, out)
-    for t in threads:
-        t.join(DEADLINE)
-    for name in ["blocker", *(p[0] for p in plan)]:
-        assert isinstance(out.get(name), dict), f"{name}: {out.get(name)!r}\n{server.tail()}"
-        assert out[name]["meta_info"]["cached_tokens"] == 0 or name == "blocker"
-    assert all(_sent(out, "blocker") < _sent(out, p[0]) for p in plan)
-    return out
 
 
 # Servers used by one test are function-scoped: an idle SGLang scheduler still spins
