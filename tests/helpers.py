@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import deque
+from pathlib import Path
 
 DEADLINE_S = 60.0  # generous: the 2-core machine may be busy with other work
 
@@ -32,6 +34,17 @@ def wait_for(cond, what: str, timeout: float = DEADLINE_S, every: float = 0.01) 
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
         time.sleep(every)
+
+
+def remove_tree(directory: Path) -> None:
+    """Remove ``directory`` as a tmp cleaner would, while a writer (vtc's file worker)
+    may still be adding files to it: removed again until it is gone."""
+
+    def removed() -> bool:
+        shutil.rmtree(directory, ignore_errors=True)
+        return not directory.exists()
+
+    wait_for(removed, f"{directory} removed")
 
 
 def state(s, rids=(), tokens: bool = True) -> dict:

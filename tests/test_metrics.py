@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
-from helpers import Clock, FairnessReference
+from helpers import Clock, FairnessReference, remove_tree
 from vtc.adapter import Adapter
 from vtc.config import EngineConfig
 from vtc.metrics import ENDED_KEPT_PER_LABEL, OTHER, TenantMetrics, jain_index
@@ -1072,7 +1072,6 @@ def test_a_multiprocess_directory_removed_under_the_engine_comes_back_at_a_refre
     refresh writes vtc's series again in it, and a scrape then reads what it reads
     without the removal (labels changing, a tenant forgotten meanwhile)."""
     import random
-    import shutil
 
     runs = []
     for remove in (False, True):
@@ -1086,7 +1085,7 @@ def test_a_multiprocess_directory_removed_under_the_engine_comes_back_at_a_refre
         adapter.step_done()
         for second in range(12):
             if remove and second in (3, 8):
-                shutil.rmtree(directory, ignore_errors=True)
+                remove_tree(directory)
             if second == 6:  # one tenant done and forgotten
                 adapter.requests.release("t9-r", finished=True)
                 adapter.tenancy.forget_idle()

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, values
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from helpers import DEADLINE_S, wait_for
+from helpers import DEADLINE_S, remove_tree, wait_for
 from vtc import multiproc
 from vtc.multiproc import SeriesFiles, series_key
 
@@ -492,8 +492,6 @@ def test_files_deleted_under_it_are_written_again(directory, monkeypatch, caplog
     directory) are found at the next compaction and written again, in the directory
     made again, with every value as it is now (the writes meanwhile included): not
     left mapped and written where no scrape reads them. Logged once."""
-    import shutil
-
     files = SeriesFiles(str(directory))
     tokens, waiting = served(files, CollectorRegistry())
     with files.creating():
@@ -507,13 +505,9 @@ def test_files_deleted_under_it_are_written_again(directory, monkeypatch, caplog
         ("t_waiting", frozenset({("tenant", "a")})): 5,
     }
 
-    def removed() -> bool:  # the worker may be making a spare there meanwhile
-        shutil.rmtree(directory, ignore_errors=True)
-        return not directory.exists()
-
     for i in range(2):
         if how == "directory":
-            wait_for(removed, "the directory removed")
+            remove_tree(directory)
         else:
             for path in directory.iterdir():
                 path.unlink()

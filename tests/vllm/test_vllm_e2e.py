@@ -40,7 +40,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ import aiohttp
 import pytest
 from vllm_harness import stop_server
 
+from helpers import remove_tree, wait_for  # tests/, on the path (conftest)
 from redis_server import free_port  # tests/, on the path (conftest)
 
 HERE = Path(__file__).resolve().parent
@@ -360,14 +360,7 @@ def _after_directory_removed(url: str, model: str, directory: Path, trace: Path)
     request of a new tenant later (the engine refreshes its metrics only while it
     steps), the API server's /metrics has vtc's series again (docs/metrics.md)."""
 
-    def removed() -> bool:  # vtc's worker may be making a file there meanwhile
-        shutil.rmtree(directory, ignore_errors=True)
-        return not directory.exists()
-
-    end = time.monotonic() + 60.0
-    while not removed():
-        assert time.monotonic() < end, f"{directory} not removed"
-        time.sleep(0.05)
+    remove_tree(directory)
 
     async def one_request() -> list[str]:
         work = Workload(url, model, trace)
@@ -379,10 +372,7 @@ def _after_directory_removed(url: str, model: str, directory: Path, trace: Path)
     assert asyncio.run(one_request()) == []
     # vLLM's /metrics answers 400 while the directory is missing (its collector needs
     # it): vtc makes it again at the refresh of the step that leaves the engine idle.
-    end = time.monotonic() + 120.0
-    while not directory.is_dir():
-        assert time.monotonic() < end, f"{directory} not made again"
-        time.sleep(0.1)
+    wait_for(directory.is_dir, f"{directory} made again", timeout=120.0)
     service = "vtc_tenant_service_tokens_total"
     return settled_metrics(
         url,
