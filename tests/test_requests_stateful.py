@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import vtc
-from helpers import Clock, Out
+from helpers import Clock, Out, remove_tree
 from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Observer
 from vtc.config import EngineConfig
 from vtc.metrics import TenantMetrics
@@ -420,7 +420,7 @@ class DirectoryMetricsMachine(MetricsMachine):
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         else:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.saved_env
-        shutil.rmtree(self.directory, ignore_errors=True)  # its worker may still make a spare
+        remove_tree(Path(self.directory))  # (its worker may still make a spare)
 
 
 DirectoryMetricsMachine.TestCase.settings = settings(
