@@ -192,6 +192,26 @@ def test_decode_uniform_charges_what_decode_outputs_charges():
     assert state(a, rids[:2]) == state(b, rids[:2])
 
 
+def test_decode_uniform_reads_token_lists_themselves_without_an_attribute():
+    """``tokens_attr=None``: the items are the tokens (a sampler's token lists)."""
+    keys = [f"req-{i}" for i in range(8)]
+    rids = [vtc.key_id(k) for k in keys]
+    for t in (1, 2):
+        a, b = running_scheduler(rids), running_scheduler(rids)
+        assert a.decode_uniform([[7] * t for _ in keys], tokens_attr=None) is True
+        b.decode_outputs([out(k, t) for k in keys], {}, missing="hash")
+        assert state(a, rids) == state(b, rids)
+    a, b = running_scheduler(rids[:2]), running_scheduler(rids[:2])
+    assert a.decode_uniform([(7, 7), 2], tokens_attr=None) is True  # a tuple, an int
+    b.decode(rids[:2], 2)
+    assert state(a, rids[:2]) == state(b, rids[:2])
+    s = running_scheduler(rids[:2])
+    before = state(s, rids[:2])
+    for refused in ([[7], [7, 7]], [[7]], [[7], [7], [7]], [[], []], [out("a", 1)] * 2, [1.0, 1.0]):
+        assert s.decode_uniform(refused, tokens_attr=None) is False, refused
+    assert state(s, rids[:2]) == before
+
+
 def test_decode_uniform_inside_predictions_charges_what_decode_outputs_charges():
     keys = [f"req-{i}" for i in range(12)]
     rids = [vtc.key_id(k) for k in keys]

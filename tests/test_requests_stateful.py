@@ -196,14 +196,24 @@ class RequestsMachine(RuleBasedStateMachine):
             self.produce(key, n)
 
     @precondition(lambda self: bool(self.keys_in(RUNNING)))
-    @rule(n=st.integers(1, 3), every=st.booleans())
-    def charge_running(self, n, every):
+    @rule(
+        n=st.integers(1, 3), every=st.booleans(), tokens=st.sampled_from([None, "outputs", "all"])
+    )
+    def charge_running(self, n, every, tokens):
         """A decode step of running requests only, each once (``running=True``):
-        every running request with the same count (uniform), or all but one."""
-        keys = self.keys_in(RUNNING)
-        if not every:
-            keys = keys[1:]
-        self.requests.charge_outputs([Out(k, n) for k in keys], running=True)
+        every running request with the same count (uniform), or all but one. With
+        ``tokens``, the step's token lists too: one per output (as vLLM's sampled
+        tokens are), or one per running request, one more than the outputs when
+        one request had none (as for a request vLLM scheduled but made no output
+        for): only the outputs' tokens are charged."""
+        running = self.keys_in(RUNNING)
+        keys = running if every else running[1:]
+        lists = {None: None, "outputs": keys, "all": running}[tokens]
+        self.requests.charge_outputs(
+            [Out(k, n) for k in keys],
+            running=True,
+            tokens=None if lists is None else [[0] * n for _ in lists],
+        )
         for key in keys:
             self.produce(key, n)
 

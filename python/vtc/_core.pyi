@@ -572,7 +572,7 @@ class Scheduler:
         (default 1), without passing ids: the charges of ``decode(<every running
         id>, tokens)``. No capacity check; all or nothing.
         """
-    def decode_uniform(self, outputs: Any, /, *, tokens_attr: str = "new_token_ids") -> bool:
+    def decode_uniform(self, outputs: Any, /, *, tokens_attr: str | None = "new_token_ids") -> bool:
         """Engine form of ``decode_all`` for an engine step's output objects whose
         requests the caller knows to be distinct running requests (their ids are
         not read, so this is not checked).
@@ -582,6 +582,8 @@ class Scheduler:
         list or tuple, or an exact int), charges ``decode_all(t)`` (the charges of
         ``decode_outputs`` for them) and returns True; otherwise charges nothing and
         returns False, and the caller reads the ids (``decode_outputs``).
+        ``tokens_attr=None``: each item is itself the tokens (an exact list or tuple,
+        or an exact int), e.g. the per-request token lists of a sampler's output.
         """
     def decode_outputs(
         self,

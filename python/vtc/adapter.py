@@ -601,6 +601,7 @@ class Requests:
         tokens_attr: str = "new_token_ids",
         *,
         running: bool = False,
+        tokens: list[Any] | None = None,
     ) -> None:
         """Charge one step's output objects: ``len(out.<tokens_attr>)`` tokens to
         the request keyed ``out.<id_attr>``.
@@ -619,6 +620,13 @@ class Requests:
         ``decode_all`` in the core, O(running tenants)), counted in
         :attr:`uniform_steps`; any other step as above.
 
+        ``tokens`` (with ``running``): the step's token lists, as many as
+        ``outputs`` and in some order each output's ``<tokens_attr>`` list (the
+        engine's structure says so; vLLM: the model runner's sampled tokens,
+        :meth:`vtc.vllm._VTCMixin.update_from_output`). A uniform step is then
+        told from their lengths, which are read faster than the outputs'
+        attributes; any other step as above.
+
         An output of a request not tracked here (released with output in flight)
         is not charged: only a ``str`` key is hashed (``missing="hash-str"``),
         and a str's hash is salted per process, so it names a tracked request
@@ -632,7 +640,13 @@ class Requests:
         if self._change():  # counters move, no request: the count stays known
             self._moved(0)
         try:
-            if running and self.core.decode_uniform(outputs, tokens_attr=tokens_attr):
+            if not running:
+                uniform = False
+            elif tokens is not None and len(tokens) == len(outputs):
+                uniform = self.core.decode_uniform(tokens, tokens_attr=None)
+            else:
+                uniform = self.core.decode_uniform(outputs, tokens_attr=tokens_attr)
+            if uniform:
                 self.uniform_steps += 1
             else:
                 self.core.decode_outputs(

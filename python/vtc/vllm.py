@@ -242,18 +242,20 @@ class VTCRequestQueue(RequestQueue):
         outputs: Iterable[Any],
         finished: Iterable[str] | None = None,
         running: bool = False,
+        tokens: list[Any] | None = None,
     ) -> None:
         """One step's ``EngineCoreOutputs``: charge the tokens each request produced
         (:meth:`vtc.adapter.Requests.charge_outputs`), then forget the ones that
         finished: ``finished``, the ids vLLM freed (``finished_req_ids``), else
         the outputs with a ``finish_reason``. ``running``: every output is from a
-        distinct request running in the core (``charge_outputs``; the scheduler
-        knows when, :meth:`_VTCMixin.update_from_output`)."""
+        distinct request running in the core, and ``tokens`` (if given) are the
+        step's sampled token lists (``charge_outputs``; the scheduler knows
+        when, :meth:`_VTCMixin.update_from_output`)."""
         groups = list(outputs)  # one per API-server client: one here
         outs = groups[0].outputs if len(groups) == 1 else [o for g in groups for o in g.outputs]
         if not outs:
             return
-        self.requests.charge_outputs(outs, running=running)
+        self.requests.charge_outputs(outs, running=running, tokens=tokens)
         if finished is None:
             finished = [out.request_id for out in outs if out.finish_reason is not None]
         for request_id in finished:
@@ -370,7 +372,17 @@ class _VTCMixin:
         core's running set (this queue moves every request in and out of
         both; the counts are compared at ``schedule()``). The charge then
         reads no id when the step is uniform (``charge_outputs(running=True)``).
-        Not with async scheduling: the next ``schedule()`` comes first."""
+        Not with async scheduling: the next ``schedule()`` comes first.
+
+        Whether it is uniform is then read off the model runner's
+        ``sampled_token_ids`` (one exact list per scheduled request), faster than
+        off the outputs: vLLM's update hands each request the runner's own list
+        as the output's ``new_token_ids`` (trimmed in place at a stop, so both
+        stay one list), and makes at most one output per scheduled request. So
+        when there are as many outputs as lists, each output's tokens are one
+        of the lists, each list once, and if every list holds ``t`` tokens so
+        does every output. Otherwise (a request scheduled without an output, a
+        runner without lists) the outputs are read as before."""
         self.waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         scheduled, self._vtc_scheduled = self._vtc_scheduled, None
@@ -382,7 +394,10 @@ class _VTCMixin:
         # The requests vLLM freed since its last schedule(): this step's finishes
         # (and aborts, which finish_requests already forgot).
         finished = getattr(self, "finished_req_ids", None)
-        self.waiting.record_outputs(outputs.values(), finished, running)
+        tokens = getattr(model_runner_output, "sampled_token_ids", None) if running else None
+        if not (type(tokens) is list and tokens and type(tokens[0]) is list):
+            tokens = None  # (another runner's shape: the outputs are read)
+        self.waiting.record_outputs(outputs.values(), finished, running, tokens)
         self.vtc_adapter.step_done()  # observers: the trace, shared counters, metrics
         return outputs
 

@@ -321,13 +321,17 @@ impl PyScheduler {
     /// `decode_outputs` for them, and returns true; otherwise charges
     /// nothing and returns false (the caller then reads the ids:
     /// `decode_outputs`). O(outputs) attribute reads, O(running clients) in
-    /// the core.
-    #[pyo3(signature = (outputs, /, *, tokens_attr = "new_token_ids"))]
+    /// the core. `tokens_attr=None`: each item of `outputs` is itself its
+    /// tokens (a list of token lists, as an engine's sampler returns them).
+    #[pyo3(
+        signature = (outputs, /, *, tokens_attr = Some("new_token_ids")),
+        text_signature = "(self, outputs, /, *, tokens_attr='new_token_ids')"
+    )]
     fn decode_uniform(
         &self,
         py: Python<'_>,
         outputs: &Bound<'_, PyAny>,
-        tokens_attr: &str,
+        tokens_attr: Option<&str>,
     ) -> Result<bool> {
         // read before the lock: attribute reads may run Python code
         let Some((n, t)) = uniform_count(outputs, tokens_attr) else {

@@ -176,17 +176,24 @@ fn output_attr<'py>(
 /// The number of tokens every output object in `outputs` holds, if it is
 /// the same for all, with the number of objects: `(len(outputs), t)`. Only
 /// the shapes read without running Python code beyond the attribute reads:
-/// `outputs` an exact list, each `obj.<tokens_attr>` an exact list or tuple
-/// (its length) or an exact int. `None` for anything else, a count that
-/// differs from the first, an empty list, or an attribute that cannot be
-/// read (its error is left to `Outputs::read`, which reads it again). Stops
-/// at the first object that differs.
-pub(crate) fn uniform_count(outputs: &Bound<'_, PyAny>, tokens_attr: &str) -> Option<(usize, i64)> {
+/// `outputs` an exact list, each `obj.<tokens_attr>` (each item itself when
+/// `tokens_attr` is `None`) an exact list or tuple (its length) or an exact
+/// int. `None` for anything else, a count that differs from the first, an
+/// empty list, or an attribute that cannot be read (its error is left to
+/// `Outputs::read`, which reads it again). Stops at the first object that
+/// differs.
+pub(crate) fn uniform_count(
+    outputs: &Bound<'_, PyAny>,
+    tokens_attr: Option<&str>,
+) -> Option<(usize, i64)> {
     let list = outputs.cast_exact::<PyList>().ok()?;
-    let name = PyString::intern(outputs.py(), tokens_attr);
+    let name = tokens_attr.map(|a| PyString::intern(outputs.py(), a));
     let mut first = None;
     for out in list.iter() {
-        let produced = out.getattr(&name).ok()?;
+        let produced = match &name {
+            Some(name) => out.getattr(name).ok()?,
+            None => out,
+        };
         let n = if let Ok(l) = produced.cast_exact::<PyList>() {
             l.len() as i64
         } else if let Ok(t) = produced.cast_exact::<PyTuple>() {
