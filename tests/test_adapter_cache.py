@@ -5,6 +5,7 @@ change, inside and outside a scheduling pass (issue 20, item 4)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import vtc
@@ -175,3 +176,64 @@ def test_a_charge_within_a_pass_moves_the_head() -> None:
         assert check(ad) is r.get("a2")
         r.charge_keys([("a1", 10_000)])
         assert check(ad) is r.get("b2")
+
+
+class EdgeLog:
+    """Stands in for the shared counters (``Adapter.sharing``): logs each pass edge,
+    and raises at the edge numbered ``fail_at`` (1: the first)."""
+
+    def __init__(self, log: list[str], fail_at: int = 0) -> None:
+        self.log, self.fail_at, self.edges = log, fail_at, 0
+
+    def pass_edge(self) -> None:
+        self.edges += 1
+        self.log.append(f"edge {self.edges}")
+        if self.edges == self.fail_at:
+            raise RuntimeError("edge failed")
+
+
+def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raises() -> None:
+    """``Adapter.selecting()``: the lock held throughout, the sharing's edge at both
+    ends, the head kept, the prefix lookup frozen; all undone on the way out, also
+    when the body raises, nested passes leaving the lookup to the outer one, and
+    an edge that raises on the way in leaving nothing held."""
+    log: list[str] = []
+    ad = Adapter(vtc.Scheduler(M=10**6), EngineConfig(locality_quantum=100.0))
+    ad.sharing = EdgeLog(log)
+    lookup = ad.set_prefix_lookup(lambda request: 0, source="a test")
+    r = ad.requests
+
+    def state() -> tuple[bool, bool, bool]:
+        """(the lock held, as another thread sees it; in a pass; the lookup frozen)"""
+        free: list[bool] = []
+
+        def probe() -> None:
+            free.append(ad.selection_lock.acquire(blocking=False))
+            if free[0]:
+                ad.selection_lock.release()
+
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+        return (not free[0], r._in_pass, lookup._memo is not None)
+
+    assert state() == (False, False, False)
+    with ad.selecting():
+        assert state() == (True, True, True) and log == ["edge 1"]
+        with ad.selecting():  # nested: the lookup stays frozen by the outer pass
+            assert state() == (True, True, True)
+        assert lookup._memo is not None and log == ["edge 1", "edge 2", "edge 3"]
+    assert state() == (False, False, False) and log[-1] == "edge 4"
+    try:
+        with ad.selecting():
+            raise KeyError("the engine's pass failed")
+    except KeyError:
+        pass
+    assert state() == (False, False, False) and log[-1] == "edge 6"
+    ad.sharing = EdgeLog(log := [], fail_at=1)
+    try:
+        with ad.selecting():
+            raise AssertionError("not entered")  # pragma: no cover
+    except RuntimeError:
+        pass
+    assert state() == (False, False, False) and log == ["edge 1"]  # no closing edge
