@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 import vtc
 from vtc.adapter import ASIDE, RUNNING, Adapter, Requests
 from vtc.config import EngineConfig
@@ -224,16 +226,10 @@ def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raise
             assert state() == (True, True, True)
         assert lookup._memo is not None and log == ["edge 1", "edge 2", "edge 3"]
     assert state() == (False, False, False) and log[-1] == "edge 4"
-    try:
-        with ad.selecting():
-            raise KeyError("the engine's pass failed")
-    except KeyError:
-        pass
+    with pytest.raises(KeyError, match="the engine's pass failed"), ad.selecting():
+        raise KeyError("the engine's pass failed")
     assert state() == (False, False, False) and log[-1] == "edge 6"
     ad.sharing = EdgeLog(log := [], fail_at=1)
-    try:
-        with ad.selecting():
-            raise AssertionError("not entered")  # pragma: no cover
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="edge failed"), ad.selecting():
+        raise AssertionError("not entered")  # pragma: no cover
     assert state() == (False, False, False) and log == ["edge 1"]  # no closing edge

@@ -33,8 +33,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -810,10 +809,10 @@ class PrefixLookup:
     every :data:`LOOKUP_LOG_EVERY` seconds (:attr:`failures` counts them all), so
     a broken cache lookup costs locality, never scheduling.
 
-    Within :meth:`frozen` (one engine scheduling pass) each request is asked
-    once and later selections get the same answer, so a ``peek`` and the
-    ``pop`` after it name the same request even if the engine's cache changes
-    in between (an admission may evict).
+    Between :meth:`freeze` and :meth:`thaw` (one engine scheduling pass) each
+    request is asked once and later selections get the same answer, so a ``peek``
+    and the ``pop`` after it name the same request even if the engine's cache
+    changes in between (an admission may evict).
     """
 
     def __init__(
@@ -864,27 +863,17 @@ class PrefixLookup:
             return 0
         return min(max(hit, 0), t.prompt_len)
 
-    @contextmanager
-    def frozen(self) -> Iterator[None]:
-        """One scheduling pass: each request's answer is asked once and kept until
-        the outermost ``frozen`` ends."""
-        froze = self.freeze()
-        try:
-            yield
-        finally:
-            if froze:
-                self.thaw()
-
     def freeze(self) -> bool:
-        """:meth:`frozen`'s start: whether this call froze the answers (False when
-        they already were: :meth:`thaw` is then the outer one's to call)."""
+        """One scheduling pass starts: each request's answer is asked once and kept
+        until :meth:`thaw`. Whether this call froze the answers (False when they
+        already were: :meth:`thaw` is then the outer pass's to call)."""
         if self._memo is not None:
             return False
         self._memo = {}
         return True
 
     def thaw(self) -> None:
-        """:meth:`frozen`'s end: answers are asked anew."""
+        """The pass :meth:`freeze` started ends: answers are asked anew."""
         self._memo = None
 
 
@@ -1078,7 +1067,7 @@ class Adapter:
         wait; it leaves its counter raises to the pass, which applies them at its
         start or end (vLLM peeks a request, works on it, then pops, and must pop the
         one it peeked). The prefix lookup, if any, answers each request once
-        (:meth:`PrefixLookup.frozen`)."""
+        (:meth:`PrefixLookup.freeze`)."""
         return SchedulingPass(self)
 
     def set_priority_order(self, order: int | None) -> None:

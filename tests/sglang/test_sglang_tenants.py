@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_sglang_server import DEADLINE, Server, running
+from test_sglang_server import DEADLINE, Server, _wait_until_queued, running
 from tiny_model import make_tiny_llama
 
 MAX_TENANTS = 6
@@ -61,12 +61,12 @@ def test_one_off_tenants_beyond_the_cap_are_forgotten_and_all_served(tenants_ser
 
 
 def test_more_active_tenants_than_the_cap_bill_the_surplus_to_the_default_tenant(tenants_server):
-    """A long request of tenant ``blk`` holds the one running slot while MAX_TENANTS + 4
-    tenants each queue a request (all confirmed queued at once on /v1/loads, so all are
-    active together however late this client is); then ``blk``'s request is aborted.
-    The plugin tracks at most MAX_TENANTS active tenants, bills the surplus to the
-    default tenant, says so once in the log, serves every request, and is idle again
-    afterwards.
+    """A long request (``blocker``) of tenant ``blk`` holds the one running slot while
+    MAX_TENANTS + 4 tenants each queue a request (all confirmed queued at once on
+    /v1/loads, so all are active together however late this client is); then the
+    blocker is aborted. The plugin tracks at most MAX_TENANTS active tenants, bills
+    the surplus to the default tenant, says so once in the log, serves every request,
+    and is idle again afterwards.
 
     The burst is sent at once, not one request at a time: on a fast machine the
     blocker (as long as the tiny model's context allows) could finish while a
@@ -75,20 +75,17 @@ def test_more_active_tenants_than_the_cap_bill_the_surplus_to_the_default_tenant
     wait ends then and the test says so, instead of waiting out DEADLINE."""
     server = tenants_server
     out: dict[str, Any] = {}
-    threads = [server.generate("blk", 1800, out, "blk")]
+    threads = [server.generate("blk", 1800, out, "blocker")]
     server.wait_for("the blocker running", lambda load: load["num_running_reqs"] == 1)
     n = MAX_TENANTS + 4
     threads += [server.generate(f"burst-{i:02d}", 16, out, f"B{i}") for i in range(n)]
-    server.wait_for(
-        f"{n} queued (or the blocker finished)",
-        lambda load: load["num_waiting_reqs"] >= n or "blk" in out,
-    )
-    assert "blk" not in out, f"the blocker finished before the burst was queued: {out['blk']}"
+    _wait_until_queued(server, n, out)
+    assert "blocker" not in out, f"the blocker finished before the burst was queued: {out}"
     assert server.load()["num_running_reqs"] == 1  # the blocker still runs: all were active
-    server.post("/abort_request", {"rid": "blk"})
+    server.post("/abort_request", {"rid": "blocker"})
     for t in threads:
         t.join(DEADLINE)
-    assert out["blk"]["meta_info"]["finish_reason"]["type"] == "abort", out["blk"]
+    assert out["blocker"]["meta_info"]["finish_reason"]["type"] == "abort", out["blocker"]
     assert all(out[f"B{i}"]["meta_info"]["completion_tokens"] == 16 for i in range(n)), out
     text = server.log.read_text()
     assert text.count("tenants active (VTC_MAX_TENANTS)") == 1, server.tail()
