@@ -74,6 +74,11 @@ class Tally(Observer):
             del self.prompt[tenant], self.decode[tenant]
 
 
+@dataclass(frozen=True)
+class Payload:
+    n: int
+
+
 @dataclass
 class Req:
     tenant: str
@@ -97,8 +102,14 @@ class RequestsMachine(RuleBasedStateMachine):
         self.service: dict[str, float] = {t: 0.0 for t in ("x", "y", "z")}
         self.weights: dict[str, float] = {}  # set by set_weight (1 otherwise)
         self.in_pass = False
+        self.serial = 0
 
     # -- helpers ---------------------------------------------------------------------
+    def new_request(self) -> Payload:
+        """An engine's request object: numbered, so a rule can pick some by it."""
+        self.serial += 1
+        return Payload(self.serial)
+
     def keys_in(self, state: str) -> list[object]:
         return [k for k, r in self.model.items() if r.state == state]
 
@@ -139,11 +150,11 @@ class RequestsMachine(RuleBasedStateMachine):
     def submit(self, key, tenant, prompt, priority):
         if key in self.model:
             try:
-                self.requests.submit(key, object(), tenant, prompt, priority)
+                self.requests.submit(key, self.new_request(), tenant, prompt, priority)
             except ValueError:
                 return
             raise AssertionError(f"{key!r} tracked twice")
-        self.requests.submit(key, object(), tenant, prompt, priority)
+        self.requests.submit(key, self.new_request(), tenant, prompt, priority)
         self.model[key] = Req(tenant, min(max(int(prompt), 1), M))
 
     @precondition(lambda self: self.core.num_waiting > 0)
@@ -179,6 +190,21 @@ class RequestsMachine(RuleBasedStateMachine):
         t = self.requests.release(key, finished)
         assert (t is None) == (key not in self.model)
         self.model.pop(key, None)
+
+    @rule(keys=st.lists(KEYS, max_size=5), done=st.sampled_from([None, "even", "none"]))
+    def release_finished(self, keys, done):
+        # a step's finishes: keys repeat or are untracked; ``done`` picks which
+        # requests the engine says finished (by the request object it holds)
+        says = {None: None, "even": lambda r: r.n % 2 == 0, "none": lambda r: False}[done]
+        picked = [
+            k
+            for k in dict.fromkeys(keys)
+            if k in self.model and (says is None or says(self.requests.get(k).request))
+        ]
+        released = self.requests.release_finished(keys, says)
+        assert [t.key for t in released] == picked
+        for k in picked:
+            del self.model[k]
 
     @rule(produced=st.lists(st.tuples(KEYS, TOKENS), max_size=6))
     def charge_keys(self, produced):
@@ -230,7 +256,7 @@ class RequestsMachine(RuleBasedStateMachine):
     def enqueue(self, key, tenant, prompt, charged):
         """The engine put a request in its waiting queue (SGLang's path): one the core
         holds goes back to waiting, any other arrives."""
-        self.adapter.enqueue(key, object(), [tenant], prompt, charged=charged)
+        self.adapter.enqueue(key, self.new_request(), [tenant], prompt, charged=charged)
         r = self.model.get(key)
         if r is not None:
             r.state = WAITING

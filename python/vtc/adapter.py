@@ -511,32 +511,60 @@ class Requests:
     def release(self, key: Hashable, finished: bool = False) -> Tracked | None:
         """The request leaves: ``finish`` if it ran to completion, else ``cancel``;
         every trace of it is dropped (a no-op for an untracked key)."""
-        t = self._by_key.pop(key, None)
+        t = self._by_key.get(key)
         if t is None:
             return None
-        known = self._change()
-        del self._by_rid[t.rid]
-        if self.overrides:
-            self.overrides.pop(key, None)
-        if self._aside:
-            self._aside.pop(key, None)
-        core, rid = self.core, t.rid
-        state, done = RUNNING, False
-        if finished:
-            try:
-                core.finish(rid)  # the usual case, in one core call: it ran to its end
-                done = True
-            except (RequestStateError, UnknownRequestError):  # (nothing changed)
-                state = core.status(rid)  # not running: cancelled below, if held
-        else:
-            state = core.status(rid)
-        if not done and state is not None:
-            core.cancel(rid)
-        if known and (state == RUNNING or state == WAITING):
-            self._moved(-(state == WAITING))
-        if self.observers:
-            self.observers.notify("released", t, done)
+        self._drop((t,), finished)
         return t
+
+    def release_finished(
+        self, keys: Iterable[Hashable], done: Callable[[Any], bool] | None = None
+    ) -> list[Tracked]:
+        """:meth:`release` ``(key, finished=True)`` of each tracked key of ``keys``
+        whose engine request ``done(request)`` says finished (each tracked key, if
+        ``done`` is None); untracked and repeated keys are skipped. Returns the
+        records released, in order. A step's finishes in one call (vLLM: ``finished_req_ids``)."""
+        get = self._by_key.get
+        tracked = [t for key in dict.fromkeys(keys) if (t := get(key)) is not None]
+        if done is not None:
+            tracked = [t for t in tracked if done(t.request)]
+        if tracked:
+            self._drop(tracked, True)
+        return tracked
+
+    def _drop(self, tracked: Iterable[Tracked], finished: bool) -> None:
+        """Drop each of ``tracked`` (distinct and tracked): ``finish`` in the core if
+        ``finished`` and it runs there, else ``cancel`` if the core holds it; one
+        change each (:meth:`_change`, inline: a step's finishes come here)."""
+        by_key, by_rid, core = self._by_key, self._by_rid, self.core
+        observers = self.observers
+        for t in tracked:
+            key, rid = t.key, t.rid
+            del by_key[key]
+            del by_rid[rid]
+            if self.overrides:
+                self.overrides.pop(key, None)
+            if self._aside:
+                self._aside.pop(key, None)
+            known = self._count_at == self.changes
+            self.changes += 1
+            state, done = RUNNING, False
+            if finished:
+                try:
+                    core.finish(rid)  # the usual case, in one core call: it ran to its end
+                    done = True
+                except (RequestStateError, UnknownRequestError):  # (nothing changed)
+                    state = core.status(rid)  # not running: cancelled below, if held
+            else:
+                state = core.status(rid)
+            if not done and state is not None:
+                core.cancel(rid)
+            if known and (state == RUNNING or state == WAITING):
+                # (as _moved: the count stays known)
+                self._count -= state == WAITING
+                self._count_at = self.changes
+            if observers:
+                observers.notify("released", t, done)
 
     # -- charging --------------------------------------------------------------------
     def charge(self, produced: Iterable[tuple[Tracked, int]]) -> list[tuple[Tracked, int]]:
@@ -641,21 +669,24 @@ class Requests:
         """
         if not outputs:
             return
-        ids = operator.attrgetter(id_attr)
-        counts = operator.attrgetter(tokens_attr)
-        if self._change():  # counters move, no request: the count stays known
-            self._moved(0)
+        # (_change then _moved(0), inline on this every-step path: counters move,
+        # no request, so a known count stays known)
+        known = self._count_at == self.changes
+        self.changes += 1
+        if known:
+            self._count_at = self.changes
+        core = self.core
         try:
             if not running:
                 uniform = False
             elif tokens is not None and len(tokens) == len(outputs):
-                uniform = self.core.decode_uniform(tokens, tokens_attr=None)
+                uniform = core.decode_uniform(tokens, tokens_attr=None)
             else:
-                uniform = self.core.decode_uniform(outputs, tokens_attr=tokens_attr)
+                uniform = core.decode_uniform(outputs, tokens_attr=tokens_attr)
             if uniform:
                 self.uniform_steps += 1
             else:
-                self.core.decode_outputs(
+                core.decode_outputs(
                     outputs,
                     self.overrides,
                     missing="hash-str",
@@ -663,9 +694,14 @@ class Requests:
                     tokens_attr=tokens_attr,
                 )
         except _CHARGE_ERRORS:
+            ids = operator.attrgetter(id_attr)
+            counts = operator.attrgetter(tokens_attr)
             self.charge_keys(zip(map(ids, outputs), map(len, map(counts, outputs))))
             return
-        if self.observers.wants("charged"):  # charged in the core: tell them what, in Python
+        observers = self.observers
+        if observers and observers.wants("charged"):  # charged in the core: tell them, in Python
+            ids = operator.attrgetter(id_attr)
+            counts = operator.attrgetter(tokens_attr)
             get = self._by_key.get
             produced = [(get(ids(o)), len(counts(o))) for o in outputs]
             self.observers.notify("charged", [(t, n) for t, n in produced if n > 0 and t])

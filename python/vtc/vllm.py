@@ -20,6 +20,7 @@ charged and when, the tenant rule and every ``VTC_*`` variable:
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
@@ -98,6 +99,10 @@ def cached_prompt_tokens(kv_cache_manager: Any, request: Request) -> int:
 # (module constants: an enum member read off its class costs ~45 ns, on a hot path)
 _RUNNING = RequestStatus.RUNNING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+#: whether vLLM finished a request (a step's finishes: Requests.release_finished)
+_is_finished = operator.methodcaller("is_finished")
 
 
 def _admitted(request: Request) -> bool:
@@ -259,14 +264,15 @@ class VTCRequestQueue(RequestQueue):
         outs = groups[0].outputs if len(groups) == 1 else [o for g in groups for o in g.outputs]
         if not outs:
             return
-        self.requests.charge_outputs(outs, running=running, tokens=tokens)
+        requests = self.requests
+        requests.charge_outputs(outs, running=running, tokens=tokens)
         if finished is None:
             finished = [out.request_id for out in outs if out.finish_reason is not None]
-        for request_id in finished:
-            t = self.requests.get(request_id)
+        if finished:
             # A resumable (streaming-input) request stops a turn without finishing.
-            if t is not None and t.request.is_finished():
-                self.forget(request_id, finished=True)
+            released = requests.release_finished(finished, _is_finished)
+            if self._pending is not None and self._pending in released:
+                self._pending = None
 
     @property
     def num_aside(self) -> int:
