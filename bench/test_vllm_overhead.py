@@ -242,11 +242,14 @@ def _timed(name: str) -> Any:
     return timed
 
 
-for _name in (
+#: the VTC queue's entry points vLLM or the mixin calls (also ``vllm_callgrind.py``'s)
+TIMED_ENTRY_POINTS = (
     "add_request", "peek_request", "pop_request", "prepend_request", "prepend_requests",
     "remove_request", "remove_requests", "settle", "record_outputs", "forget", "charge",
     "__bool__", "__len__", "__iter__", "__contains__",
-):  # fmt: skip
+)  # fmt: skip
+
+for _name in TIMED_ENTRY_POINTS:
     setattr(TimedVTCQueue, _name, _timed(_name))
 
 
