@@ -67,7 +67,7 @@ lint: dev
 ## bench: benchmarks (pytest-benchmark and cargo bench); results in bench/results
 bench: dev
 	$(BIN)/python -m pytest bench -q --benchmark-only --benchmark-json=bench/results/pytest.json \
-		--ignore=bench/test_vllm_overhead.py
+		--ignore=bench/test_vllm_overhead.py --ignore=bench/test_vllm_callgrind.py
 	cargo bench -p vtc-core
 
 ## test-vllm: the vLLM integration (tests/vllm) against a real CPU vLLM, in its own
@@ -85,7 +85,8 @@ test-vllm: system-deps $(VLLM_VENV)/bin/python
 		tests/vllm/test_vllm_server_locality.py \
 		tests/vllm/test_vllm_e2e.py tests/vllm/test_vllm_dp.py tests/vllm/test_vllm_priority_e2e.py \
 		tests/vllm/test_vllm_replicas.py
-	$(VLLM_VENV)/bin/python -m pytest -q bench/test_vllm_overhead.py --benchmark-disable
+	$(VLLM_VENV)/bin/python -m pytest -q bench/test_vllm_overhead.py bench/test_vllm_callgrind.py \
+		--benchmark-disable
 
 clean:
 	rm -rf $(VENV) target results

@@ -65,10 +65,12 @@ def toggle_function() -> Any:
     return toggle
 
 
-def build_engine(toggle: Any) -> Any:
+def build_engine(toggle: Any, config: Any = None) -> Any:
     """A seeded VTC engine (``test_vllm_overhead.Engine``) whose VTC code toggles
     collection: on at each outermost queue entry point and around the mixin's own
-    code, off again around vLLM's ``schedule()``/``update_from_output()`` inside."""
+    code, off again around vLLM's ``schedule()``/``update_from_output()`` inside.
+    ``config``: vLLM's (the bench's tiny model if None). Its ``counting`` dict's
+    ``measure`` switches the toggles on."""
     bench = Path(__file__).resolve().parent
     sys.path[:0] = [str(bench), str(bench.parent / "tests" / "vllm")]
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -79,10 +81,10 @@ def build_engine(toggle: Any) -> Any:
 
     state = {"measure": False, "on": False}
 
-    def entry(name: str) -> Any:
-        method = getattr(VTCRequestQueue, name)
+    def counted(method: Any) -> Any:
+        """``method`` with collection on while it runs, as an outermost call."""
 
-        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if state["on"] or not state["measure"]:
                 return method(self, *args, **kwargs)
             toggle()
@@ -93,71 +95,51 @@ def build_engine(toggle: Any) -> Any:
                 state["on"] = False
                 toggle()
 
-        counted.__name__ = name
-        return counted
+        call.__name__ = method.__name__
+        return call
+
+    def uncounted(method: Any) -> Any:
+        """``method`` (vLLM's) with collection off while it runs."""
+
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            was = state["on"]
+            if was:
+                state["on"] = False
+                toggle()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                if was:
+                    toggle()
+                    state["on"] = True
+
+        call.__name__ = method.__name__
+        return call
 
     class CountedQueue(VTCRequestQueue):
-        pass
+        """The queue's entry points counted."""
 
     for name in B.TIMED_ENTRY_POINTS:
-        setattr(CountedQueue, name, entry(name))
+        setattr(CountedQueue, name, counted(getattr(VTCRequestQueue, name)))
 
     class VLLMOff(Scheduler):
         """vLLM's own methods as the mixin's ``super()`` calls them: not counted."""
 
-        def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            was = state["on"]
-            if was:
-                state["on"] = False
-                toggle()
-            try:
-                return super().schedule(*args, **kwargs)
-            finally:
-                if was:
-                    toggle()
-                    state["on"] = True
-
-        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-            was = state["on"]
-            if was:
-                state["on"] = False
-                toggle()
-            try:
-                return super().update_from_output(*args, **kwargs)
-            finally:
-                if was:
-                    toggle()
-                    state["on"] = True
-
     class CountedScheduler(VTCScheduler, VLLMOff):
         """The mixin's own code counted."""
 
-        def schedule(self, *args: Any, **kwargs: Any) -> Any:
-            if not state["measure"]:
-                return super().schedule(*args, **kwargs)
-            toggle()
-            state["on"] = True
-            try:
-                return super().schedule(*args, **kwargs)
-            finally:
-                state["on"] = False
-                toggle()
+    for name in ("schedule", "update_from_output"):
+        setattr(VLLMOff, name, uncounted(getattr(Scheduler, name)))
+        setattr(CountedScheduler, name, counted(getattr(VTCScheduler, name)))
 
-        def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-            if not state["measure"]:
-                return super().update_from_output(*args, **kwargs)
-            toggle()
-            state["on"] = True
-            try:
-                return super().update_from_output(*args, **kwargs)
-            finally:
-                state["on"] = False
-                toggle()
-
-    model = write_tiny_llama(Path(tempfile.mkdtemp()), weights=False)
-    config = vllm_config(
-        str(model), max_num_seqs=B.MAX_NUM_SEQS, max_num_batched_tokens=8192, max_model_len=1024
-    )
+    if config is None:
+        model = write_tiny_llama(Path(tempfile.mkdtemp()), weights=False)
+        config = vllm_config(
+            str(model),
+            max_num_seqs=B.MAX_NUM_SEQS,
+            max_num_batched_tokens=8192,
+            max_model_len=1024,
+        )
     scheduler = make_scheduler(VTCScheduler, config, num_blocks=B.NUM_BLOCKS)
     scheduler.__class__ = CountedScheduler
     scheduler.waiting.__class__ = CountedQueue
@@ -193,7 +175,9 @@ def summary(path: Path) -> dict[str, int]:
 def run(warmup: int, steps: int, out: Path) -> None:
     """This script under valgrind (callgrind, cache simulation, collection off at
     start), then the totals per counted step."""
-    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    # (a step under valgrind is ~100x slower: the tenant log line, every 10 s, would
+    # come every few dozen steps; a long interval keeps its per-step check only)
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", VTC_LOG_INTERVAL="1e6")
     cmd = [
         "valgrind", "--tool=callgrind", "--collect-atstart=no", "--cache-sim=yes",
         f"--callgrind-out-file={out}", sys.executable, __file__,
