@@ -253,24 +253,40 @@ for _name in TIMED_ENTRY_POINTS:
     setattr(TimedVTCQueue, _name, _timed(_name))
 
 
+def _vllm_clocked(method: Any) -> Any:
+    """Stock vLLM's ``method`` (``schedule``/``update_from_output``) as the VTC mixin's
+    ``super()`` calls it, clocked less VTC's queue calls inside: into ``vllm_ns``."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        queue, clock = self.waiting, time.perf_counter_ns
+        t0, inside = clock(), queue.ns
+        result = method(self, *args, **kwargs)
+        queue.vllm_ns += clock() - t0 - (queue.ns - inside)
+        return result
+
+    call.__name__ = method.__name__
+    return call
+
+
+def _mixin_clocked(method: Any) -> Any:
+    """The VTC mixin's ``method``, clocked: its own part (less vLLM's and the queue's
+    time inside) into the queue's ``ns``, by :meth:`TimedVTCQueue.mixin`."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        queue, clock = self.waiting, time.perf_counter_ns
+        t0, inside, vllm = clock(), queue.ns, queue.vllm_ns
+        result = method(self, *args, **kwargs)
+        queue.mixin(clock() - t0, inside, vllm)
+        return result
+
+    call.__name__ = method.__name__
+    return call
+
+
 class _VLLMClock(Scheduler):
     """Stock vLLM's ``schedule()`` and ``update_from_output()`` as the VTC mixin's
     ``super()`` calls them, clocked (less VTC's queue calls inside them): the part of
     the mixin's time that is vLLM's, in the queue's ``vllm_ns``."""
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        queue, clock = self.waiting, time.perf_counter_ns
-        t0, inside = clock(), queue.ns
-        output = super().schedule(*args, **kwargs)
-        queue.vllm_ns += clock() - t0 - (queue.ns - inside)
-        return output
-
-    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        queue, clock = self.waiting, time.perf_counter_ns
-        t0, inside = clock(), queue.ns
-        outputs = super().update_from_output(*args, **kwargs)
-        queue.vllm_ns += clock() - t0 - (queue.ns - inside)
-        return outputs
 
 
 class TimedVTCScheduler(VTCScheduler, _VLLMClock):
@@ -280,19 +296,10 @@ class TimedVTCScheduler(VTCScheduler, _VLLMClock):
     queue's and the mixin's. ``by_name["(scheduler)"]`` is the mixin's own part
     (the two clocks' reads included: four a call, ~0.1 µs)."""
 
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        queue, clock = self.waiting, time.perf_counter_ns
-        t0, inside, vllm = clock(), queue.ns, queue.vllm_ns
-        output = super().schedule(*args, **kwargs)
-        queue.mixin(clock() - t0, inside, vllm)
-        return output
 
-    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        queue, clock = self.waiting, time.perf_counter_ns
-        t0, inside, vllm = clock(), queue.ns, queue.vllm_ns
-        outputs = super().update_from_output(*args, **kwargs)
-        queue.mixin(clock() - t0, inside, vllm)
-        return outputs
+for _name in ("schedule", "update_from_output"):
+    setattr(_VLLMClock, _name, _vllm_clocked(getattr(Scheduler, _name)))
+    setattr(TimedVTCScheduler, _name, _mixin_clocked(getattr(VTCScheduler, _name)))
 
 
 def vtc_engine(config: Any, timed: bool = False) -> Engine:

@@ -18,7 +18,7 @@ Run it in the vLLM virtualenv with the build to measure on ``PYTHONPATH``;
 
     PYTHONPATH=python .venv-vllm/bin/python bench/vllm_callgrind.py --run
 
-(~8 minutes: vLLM under valgrind). Each figure includes the probe's own toggles
+(~9 minutes: vLLM under valgrind). Each figure includes the probe's own toggles
 (a ctypes call and a flag per edge, the same in every build): compare builds, not
 absolute values. Without valgrind the script just steps the engine (the toggles
 are no-ops), a quick check that it runs.
