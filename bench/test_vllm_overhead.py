@@ -26,7 +26,10 @@ per-request loops touch other requests, allocated elsewhere). A third engine,
 stock vLLM's code with a waiting queue that replays VTC's admissions
 (:class:`ReplayQueue`), does exactly VTC's work in VTC's order without VTC's
 code: VTC/replay is the time VTC's code adds, replay/stock what the order
-costs.
+costs. A fourth engine, the same replay behind an O(1) queue and a mixin that
+only calls vLLM's methods, both clocked as VTC's code is (:func:`floor_engine`),
+is the clocks' floor: what they read for code that costs what the queue VTC
+replaces costs; VTC's code is also reported net of it.
 
 ``test_metrics_overhead`` measures what the per-tenant metrics (docs/metrics.md) add
 to the step: VTCScheduler with them off, in a fresh multiprocess directory and in the
@@ -193,22 +196,22 @@ class ReplayQueue(RequestQueue):
         return iter(list(self.waiting.values()))
 
 
-class TimedVTCQueue(VTCRequestQueue):
-    """VTC's waiting queue with a clock on every entry point vLLM or the
-    scheduler mixin calls (outermost calls only): ``ns`` is the time spent in
-    VTC's code, with the mixin's own code around vLLM's (:class:`TimedVTCScheduler`
-    adds it). ``by_name``: the same time split by entry point, with the number of
-    calls."""
+class _QueueClock:
+    """The clock state of a timed queue (:class:`TimedVTCQueue`, :class:`TimedFloorQueue`):
+    ``ns`` is the time spent in the queue's entry points (outermost calls only) and
+    the mixin's own code around vLLM's; ``by_name`` the same time split by entry
+    point, with the number of calls."""
 
+    __slots__ = ()  # (a queue's class is swapped for a timed one: its layout must not change)
     ns = 0
-    vllm_ns = 0  # vLLM's own time inside the mixin's calls (TimedVTCScheduler)
+    vllm_ns = 0  # vLLM's own time inside the mixin's calls (_vllm_clocked)
     _depth = 0
     by_name: dict[str, list[int]] | None = None  # name -> [ns, calls]
 
     def mixin(self, dt: int, inside: int, vllm: int) -> None:
         """Add the mixin's own time in a call that took ``dt`` ns: less vLLM's and
         the queue's, which were ``vllm_ns`` and ``ns`` at ``vllm`` and ``inside``
-        before it (:class:`TimedVTCScheduler`)."""
+        before it (:func:`_mixin_clocked`)."""
         own = dt - (self.vllm_ns - vllm) - (self.ns - inside)
         self.ns += own
         if self.by_name is None:
@@ -218,10 +221,19 @@ class TimedVTCQueue(VTCRequestQueue):
         entry[1] += 1
 
 
-def _timed(name: str) -> Any:
-    method = getattr(VTCRequestQueue, name)
+class TimedVTCQueue(VTCRequestQueue, _QueueClock):
+    """VTC's waiting queue with a clock on every entry point vLLM or the
+    scheduler mixin calls (outermost calls only): ``ns`` is the time spent in
+    VTC's code, with the mixin's own code around vLLM's (:class:`TimedVTCScheduler`
+    adds it)."""
 
-    def timed(self: TimedVTCQueue, *args: Any, **kwargs: Any) -> Any:
+
+def _timed(cls: type, name: str) -> Any:
+    """``cls.<name>``, clocked into the queue's ``ns`` and ``by_name`` as an
+    outermost call."""
+    method = getattr(cls, name)
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self._depth:
             return method(self, *args, **kwargs)
         self._depth = 1
@@ -250,7 +262,7 @@ TIMED_ENTRY_POINTS = (
 )  # fmt: skip
 
 for _name in TIMED_ENTRY_POINTS:
-    setattr(TimedVTCQueue, _name, _timed(_name))
+    setattr(TimedVTCQueue, _name, _timed(VTCRequestQueue, _name))
 
 
 def _vllm_clocked(method: Any) -> Any:
@@ -270,7 +282,7 @@ def _vllm_clocked(method: Any) -> Any:
 
 def _mixin_clocked(method: Any) -> Any:
     """The VTC mixin's ``method``, clocked: its own part (less vLLM's and the queue's
-    time inside) into the queue's ``ns``, by :meth:`TimedVTCQueue.mixin`."""
+    time inside) into the queue's ``ns``, by :meth:`_QueueClock.mixin`."""
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         queue, clock = self.waiting, time.perf_counter_ns
@@ -302,6 +314,36 @@ for _name in ("schedule", "update_from_output"):
     setattr(TimedVTCScheduler, _name, _mixin_clocked(getattr(VTCScheduler, _name)))
 
 
+# -- the clocks' floor: what they read around an O(1) queue and a pass-through mixin ----
+class TimedFloorQueue(ReplayQueue, _QueueClock):
+    """A :class:`ReplayQueue` (O(1) Python, like vLLM's own FIFO queue) with its entry
+    points clocked as :class:`TimedVTCQueue`'s are (its ``pop_request`` calls its
+    ``peek_request``: one clock frame more than VTC's)."""
+
+
+for _name in ("add_request", "peek_request", "pop_request", "__bool__", "__len__"):
+    setattr(TimedFloorQueue, _name, _timed(ReplayQueue, _name))
+
+
+class _PassThrough(Scheduler):
+    """A scheduler mixin that adds nothing: its ``schedule()`` and
+    ``update_from_output()`` only call vLLM's."""
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        return super().update_from_output(*args, **kwargs)
+
+
+class TimedFloorScheduler(_PassThrough, _VLLMClock):
+    """:class:`_PassThrough` clocked as :class:`TimedVTCScheduler` is."""
+
+
+for _name in ("schedule", "update_from_output"):
+    setattr(TimedFloorScheduler, _name, _mixin_clocked(getattr(_PassThrough, _name)))
+
+
 def vtc_engine(config: Any, timed: bool = False) -> Engine:
     """A VTCScheduler engine; ``timed``: its queue and scheduler clock VTC's code
     (:class:`TimedVTCQueue`, :class:`TimedVTCScheduler`)."""
@@ -316,6 +358,18 @@ def replay_engine(config: Any) -> Engine:
     """Stock vLLM's scheduler with a :class:`ReplayQueue` (plan it before each step)."""
     scheduler = make_scheduler(Scheduler, config, num_blocks=NUM_BLOCKS)
     scheduler.waiting = ReplayQueue()
+    return Engine(scheduler)
+
+
+def floor_engine(config: Any) -> Engine:
+    """The clocks' floor: a replaying engine (plan it before each step) whose queue
+    and pass-through mixin are clocked as VTC's are (:class:`TimedFloorQueue`,
+    :class:`TimedFloorScheduler`). Its clocks read their own frames and what an O(1)
+    Python queue (vLLM's own is one) and a scheduler subclass that only calls
+    vLLM's methods cost, with caches as cold as VTC's: what the clocks would read
+    for a VTC whose work cost no more than the queue it replaces."""
+    scheduler = make_scheduler(TimedFloorScheduler, config, num_blocks=NUM_BLOCKS)
+    scheduler.waiting = TimedFloorQueue()
     return Engine(scheduler)
 
 
@@ -404,14 +458,19 @@ def test_arrival(benchmark: Any, config: Any) -> None:
 
 class Trio:
     """Stock vLLM, VTC (its code clocked) and stock vLLM replaying VTC's
-    admissions, built fresh, stepped alternately (machine noise hits all three)."""
+    admissions, built fresh, stepped alternately (machine noise hits all three);
+    beside them the clocks' floor (:func:`floor_engine`), replaying too: an O(1)
+    queue and a pass-through mixin, clocked as VTC's code is."""
 
     def __init__(self, config: Any) -> None:
         self.stock = Engine(make_scheduler(Scheduler, config, num_blocks=NUM_BLOCKS))
         self.fair = vtc_engine(config, timed=True)
         self.replay = replay_engine(config)
+        self.floor = floor_engine(config)
         self.vtc_code_ns: list[int] = []  # per step: time in VTC's code
+        self.floor_ns: list[int] = []  # per step: what the floor's clocks read
         self.by_name: list[dict[str, list[int]]] = []  # per step: TimedVTCQueue.by_name
+        self.floor_by_name: list[dict[str, list[int]]] = []  # per step: the floor's
 
     def round(self) -> None:
         queue = self.fair.s.waiting
@@ -423,32 +482,46 @@ class Trio:
         self.replay.s.waiting.plan(self.fair.admissions[-1])
         self.replay.step()
         self.stock.step()
+        floor = self.floor.s.waiting
+        before = floor.ns
+        floor.by_name = {}
+        floor.plan(self.fair.admissions[-1])
+        self.floor.step()
+        self.floor_ns.append(floor.ns - before)
+        self.floor_by_name.append(floor.by_name)
 
     def reset(self) -> None:
-        for engine in (self.stock, self.fair, self.replay):
+        for engine in (self.stock, self.fair, self.replay, self.floor):
             engine.scheduler_ns.clear()
             engine.min_batch = MAX_NUM_SEQS
         self.vtc_code_ns.clear()
+        self.floor_ns.clear()
         self.by_name.clear()
+        self.floor_by_name.clear()
 
     def ratios(self) -> dict[str, float]:
         med = statistics.median
         stock, fair, replay = (med(e.scheduler_ns) for e in (self.stock, self.fair, self.replay))
+        code, floor = med(self.vtc_code_ns), med(self.floor_ns)
         return {
             "stock_us": stock / 1e3,
             "vtc_us": fair / 1e3,
             "replay_us": replay / 1e3,
-            "vtc_code_us": med(self.vtc_code_ns) / 1e3,
+            "vtc_code_us": code / 1e3,
             "vtc_over_stock": fair / stock,
             "vtc_over_replay": fair / replay,
             "replay_over_stock": replay / stock,
-            "vtc_code_share": med(self.vtc_code_ns) / stock,
+            "vtc_code_share": code / stock,
+            "floor_us": floor / 1e3,
+            # (the difference of medians: VTC's code beyond what a free one reads)
+            "vtc_code_net_share": (code - floor) / stock,
         }
 
-    def entry_points(self) -> dict[str, tuple[float, float, float]]:
-        """Per entry point of VTC's queue, per step: the median and mean time (µs)
-        and the mean number of calls (a step without a call counts 0 µs)."""
-        steps = self.by_name
+    def entry_points(self, floor: bool = False) -> dict[str, tuple[float, float, float]]:
+        """Per entry point of VTC's queue (``floor``: of the floor's), per step: the
+        median and mean time (µs) and the mean number of calls (a step without a
+        call counts 0 µs)."""
+        steps = self.floor_by_name if floor else self.by_name
         names = sorted({k for step in steps for k in step})
         result = {}
         for name in names:
@@ -464,10 +537,12 @@ class Trio:
     def check(self) -> None:
         # Same workload, same seed: every engine served the same number of
         # steps with a full batch, and the replay admitted what VTC admitted.
-        engines = (self.stock, self.fair, self.replay)
+        engines = (self.stock, self.fair, self.replay, self.floor)
         assert len({len(e.scheduler_ns) for e in engines}) == 1
         assert all(e.min_batch == MAX_NUM_SEQS for e in engines)
         assert self.replay.admissions == self.fair.admissions
+        assert self.floor.admissions == self.fair.admissions
+        assert all(ns > 0 for ns in self.floor_ns)  # the floor's clocks ran
         assert self.fair.admissions != self.stock.admissions  # VTC did reorder
         assert all(ns > 0 for ns in self.vtc_code_ns)  # the clock saw VTC's code
 
@@ -481,11 +556,18 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
     * VTC/stock: against stock vLLM's own (first-come) order, which is what a
       user of this workload sees; replay/stock is the part the order explains.
 
+    The clocks have a floor: around an O(1) Python queue like vLLM's own and a
+    mixin that only calls vLLM's methods (a fourth engine, :func:`floor_engine`)
+    they read their own frames and the calls any queue costs. It is printed beside
+    VTC's code, with VTC's code net of it: what VTC adds beyond the queue it
+    replaces.
+
     Each engine's time depends on where its requests happen to sit in memory
     (a few percent either way per process), so the trials are independent
     engines and the summary is their geometric mean."""
     trials: list[dict[str, float]] = []
     entry_points: list[dict[str, tuple[float, float, float]]] = []
+    floor_points: list[dict[str, tuple[float, float, float]]] = []
     for t in range(TRIALS):
         trio = Trio(config)
         for _ in range(WARMUP):
@@ -500,6 +582,7 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
         trio.check()
         trials.append(trio.ratios())
         entry_points.append(trio.entry_points())
+        floor_points.append(trio.entry_points(floor=True))
         del trio
 
     def gmean(key: str) -> float:
@@ -515,15 +598,19 @@ def test_interleaved_overhead(benchmark: Any, config: Any, capsys: pytest.Captur
                 f"  {label:8s} stock {r['stock_us']:5.0f} us | VTC's code "
                 f"{r['vtc_code_us']:5.1f} us = {100 * r['vtc_code_share']:.2f}% of stock | "
                 f"VTC/replay {r['vtc_over_replay']:.3f} | VTC/stock {r['vtc_over_stock']:.3f} | "
-                f"replay/stock {r['replay_over_stock']:.3f}"
+                f"replay/stock {r['replay_over_stock']:.3f} | clocks' floor "
+                f"{r['floor_us']:4.1f} us, VTC's code net of it "
+                f"{100 * r['vtc_code_net_share']:.2f}%"
             )
-        print("  VTC's code by entry point, per step: median / mean us (calls), per trial:")
-        for name in sorted({k for e in entry_points for k in e}):
-            cells = [e.get(name, (0.0, 0.0, 0.0)) for e in entry_points]
-            print(
-                f"    {name:15s} "
-                + " | ".join(f"{med:5.1f} / {mean:5.1f} us ({n:4.2f})" for med, mean, n in cells)
-            )
+        for title, points in (
+            ("VTC's code", entry_points),
+            ("The clocks' floor (an O(1) queue, a pass-through mixin)", floor_points),
+        ):
+            print(f"  {title} by entry point, per step: median / mean us (calls), per trial:")
+            for name in sorted({k for e in points for k in e}):
+                cells = [e.get(name, (0.0, 0.0, 0.0)) for e in points]
+                row = [f"{med:5.1f} / {mean:5.1f} us ({n:4.2f})" for med, mean, n in cells]
+                print(f"    {name:15s} " + " | ".join(row))
 
 
 # -- what the per-tenant metrics add to the step (issue 16, item 6) -------------------
