@@ -9,6 +9,7 @@ import logging
 import pytest
 
 import vtc
+import vtc.adapter as vtc_adapter
 from helpers import Out
 from vtc.adapter import (
     ASIDE,
@@ -315,6 +316,28 @@ def test_the_adapter_bills_arrivals_and_logs_counters_at_its_interval(caplog):
     quiet.arrive("r", None, ["a"], 1)
     assert not quiet.maybe_log()  # an interval of 0: never
     assert adapter.trace is None  # no VTC_TRACE_FILE
+
+
+def test_step_done_logs_the_counters_once_per_interval_and_never_at_zero(caplog, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(vtc_adapter.time, "monotonic", lambda: now[0])
+    adapter = Adapter(vtc.Scheduler(M=10_000), EngineConfig(log_interval=10))
+    quiet = Adapter(vtc.Scheduler(M=10_000), EngineConfig(log_interval=0))
+    for a in (adapter, quiet):
+        a.arrive("r1", None, ["gold"], 10)
+    logged = []
+    with caplog.at_level(logging.INFO, logger="vtc"):
+        for t in (1005.0, 1009.99, 1010.0, 1015.0, 1019.0, 1020.5, 1e9):
+            now[0] = t
+            caplog.clear()
+            adapter.step_done()
+            quiet.step_done()
+            if caplog.records:
+                logged.append(t)
+                assert [r.getMessage() for r in caplog.records] == [
+                    "VTC tenant counter (service) waiting/running: gold=0 (0) 1/0"
+                ]
+    assert logged == [1010.0, 1020.5, 1e9]
 
 
 def test_the_log_line_quotes_names_that_could_break_it_and_is_bounded():

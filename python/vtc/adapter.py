@@ -342,7 +342,8 @@ class Requests:
     def selecting(self, on: bool) -> None:
         """A scheduling pass starts (True) or ends (False): within it the order of
         the queue changes only by calls here, so :meth:`head` may be kept
-        (:meth:`Adapter.selecting` marks the passes)."""
+        (:meth:`Adapter.selecting` marks the passes: :class:`SchedulingPass` writes
+        these two stores out inline)."""
         self._in_pass = on
         self._head_at = -1
 
@@ -966,7 +967,9 @@ class SchedulingPass:
     is kept); the prefix lookup (if any) frozen. Each undone on the way out, in
     reverse, whatever raised. A class, not a ``contextlib`` generator: an engine
     enters one every step, and the generator's machinery was ~4.5 µs of vLLM's
-    step (bench/README.md, optimisation 25)."""
+    step (bench/README.md, optimisation 25); for the same reason the way out is
+    ``__exit__`` itself, and :meth:`Requests.selecting` is written out inline
+    (two stores) at both edges (optimisation 28)."""
 
     __slots__ = ("_adapter", "_sharing", "_lookup")
 
@@ -988,18 +991,16 @@ class SchedulingPass:
             raise
         self._sharing = sharing
         try:
-            adapter.requests.selecting(True)
+            requests = adapter.requests
+            requests._in_pass, requests._head_at = True, -1  # (requests.selecting(True))
             lookup = adapter.prefix_lookup
             if lookup is not None and lookup.freeze():
                 self._lookup = lookup
         except BaseException:
-            self._leave()
+            self.__exit__()
             raise
 
     def __exit__(self, *exc: object) -> None:
-        self._leave()
-
-    def _leave(self) -> None:
         adapter = self._adapter
         try:
             lookup, self._lookup = self._lookup, None
@@ -1007,7 +1008,8 @@ class SchedulingPass:
                 lookup.thaw()
         finally:
             try:
-                adapter.requests.selecting(False)
+                requests = adapter.requests
+                requests._in_pass, requests._head_at = False, -1  # (requests.selecting(False))
                 sharing, self._sharing = self._sharing, None
                 if sharing is not None:
                     sharing.pass_edge()
@@ -1286,16 +1288,20 @@ class Adapter:
 
     def step_done(self) -> None:
         """The engine finished a step: the observers (the trace writes a record
-        if its interval has passed), then the log line if its interval has."""
+        if its interval has passed), then the log line if its interval has.
+
+        (Every step: the log's interval and the requests set aside are read here,
+        with no frame for ``maybe_log``, ``config`` or ``num_aside``.)"""
         tenancy = self.tenancy
-        config = tenancy.config  # (self.config, without the property's frame: every step)
+        config = tenancy.config
         if config.weights_file is not None:
             tenancy.reload_weights()
         if self.observers:
             self.observers.notify("stepped", self)
-        if config.log_interval > 0:
+        interval = config.log_interval
+        if interval > 0 and time.monotonic() - self._last_log >= interval:
             self.maybe_log()
-        if self.requests.num_aside and not self._warned_aside:
+        if self.requests._aside and not self._warned_aside:
             # An engine puts back every request it skips within the step.
             self._warned_aside = True
             self._log.warning(
