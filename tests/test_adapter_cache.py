@@ -1,7 +1,8 @@
 """vtc.adapter.Requests' answers to the engine's hot questions (``head``,
-``num_waiting``): asked of the core once per change, never stale. Every
-check compares the cached answer with the core's own, after each kind of
-change, inside and outside a scheduling pass (issue 20, item 4)."""
+``num_waiting``): the head asked of the core once per change within a pass, the
+waiting count kept by every change; never stale. Every check compares the
+answer with the core's own, after each kind of change, inside and outside a
+scheduling pass (issue 20, item 4)."""
 
 from __future__ import annotations
 
@@ -80,19 +81,19 @@ def test_hot_questions_ask_the_core_once_per_change() -> None:
     ad.enqueue("b1", "B1", ("b",), 10)
     with ad.selecting():
         assert [r.head() for _ in range(3)] == [ta] * 3
-        assert [r.num_waiting() for _ in range(3)] == [2] * 3
-        assert (core.peeks, core.counts) == (1, 1)
+        assert [r.num_waiting() for _ in range(3)] == [2] * 3 == [r.waiting_count] * 3
+        assert (core.peeks, core.counts) == (1, 0)  # the count is kept, not asked
         r.admit(ta, 0)  # a change: the head is asked again, once
         tb = r.head()
         assert tb is not ta and r.head() is tb and r.num_waiting() == 1
-        assert (core.peeks, core.counts) == (2, 1)  # the count: one fewer, known
+        assert (core.peeks, core.counts) == (2, 0)  # the count: one fewer, kept
     assert r.head() is tb and r.head() is tb  # outside a pass: asked each time
     assert core.peeks == 4
-    r.charge([(ta, 5)])  # counters move, requests do not: the count stays known
+    r.charge([(ta, 5)])  # counters move, requests do not: the count stays
     ad.enqueue("c1", "C1", ("c",), 10)  # one more
-    assert r.num_waiting() == 2 == ad.core.num_waiting and core.counts == 1
-    r.set_aside(r.head())  # (not worth keeping: asked again)
-    assert r.num_waiting() == 1 and core.counts == 2
+    assert r.num_waiting() == 2 == ad.core.num_waiting and core.counts == 0
+    r.set_aside(r.head())  # (rare: its effect is read from the core)
+    assert r.num_waiting() == 1 == ad.core.num_waiting and core.counts == 1
 
 
 def test_the_head_and_count_follow_every_change_within_a_pass() -> None:

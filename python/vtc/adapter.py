@@ -265,10 +265,10 @@ class Requests:
     (``status(rid)``): nothing here can fall out of step with it.
 
     The engine's hot questions cost nothing when nothing changed since they
-    were last asked: :meth:`num_waiting` is read from the core once per
-    change (every call here that changes the core counts one in
-    :attr:`changes`; the core's waiting set changes by no other path), and
-    :meth:`head` once per change within a scheduling pass (:meth:`selecting`),
+    were last asked: :attr:`waiting_count` is the core's ``num_waiting``, kept by
+    every call here that changes the core (the core's waiting set changes by no
+    other path; each counts one in :attr:`changes`), and :meth:`head` is asked
+    of the core once per change within a scheduling pass (:meth:`selecting`),
     while the order can change by no other path: outside a pass a counter may
     rise meanwhile (shared counters' sync, weights reloaded), so it asks the
     core each time.
@@ -278,6 +278,9 @@ class Requests:
         self.core = core
         self.observers = _Observers() if observers is None else observers
         self._by_key: dict[Hashable, Tracked] = {}
+        #: the record of the request with this key (None if untracked): the dict's own
+        #: ``get``, with no Python frame (engines ask it at every arrival)
+        self.get: Callable[[Hashable], Tracked | None] = self._by_key.get
         self._by_rid: dict[int, Tracked] = {}
         #: key -> core id, for the keys the core cannot find by hashing: those
         #: whose id is not ``key_id(key)``, and every key that is not a str
@@ -289,17 +292,15 @@ class Requests:
         self.changes = 0
         #: steps :meth:`charge_outputs` charged without reading ids, so far
         self.uniform_steps = 0
-        self._count = 0
-        self._count_at = -1  # ``changes`` when _count was read (-1: never)
+        #: the core's ``num_waiting``, kept by every change here: +1 a submit, -1 an
+        #: admission or a waiting request's release, read again after the rare
+        #: change whose effect it does not know (set aside, put back)
+        self.waiting_count: int = core.num_waiting
         self._head: Tracked | None = None
         self._head_at = -1  # ``changes`` when _head was read in this pass (-1: not in one)
         self._in_pass = False
 
-    # -- lookups ---------------------------------------------------------------------
-    def get(self, key: Hashable) -> Tracked | None:
-        """The record of the request with this key (None if untracked)."""
-        return self._by_key.get(key)
-
+    # -- lookups (and :attr:`get`) -------------------------------------------------
     def at(self, rid: int) -> Tracked:
         """The record of the request with this core id (KeyError if none)."""
         return self._by_rid[rid]
@@ -320,24 +321,8 @@ class Requests:
         return t
 
     def num_waiting(self) -> int:
-        """The core's ``num_waiting``, asked of it once per change."""
-        if self._count_at != self.changes:
-            self._count, self._count_at = self.core.num_waiting, self.changes
-        return self._count
-
-    def _change(self) -> bool:
-        """Count one change of the core (before making it): :meth:`head` and
-        :meth:`num_waiting` ask the core again. Returns whether the waiting count
-        was known just before, so that a change whose effect on it is known can
-        keep it (:meth:`_moved`)."""
-        known = self._count_at == self.changes
-        self.changes += 1
-        return known
-
-    def _moved(self, waiting: int) -> None:
-        """The change just counted moved the core's waiting count by ``waiting``
-        (call only when :meth:`_change` said it was known): it stays known."""
-        self._count, self._count_at = self._count + waiting, self.changes
+        """The core's ``num_waiting`` (:attr:`waiting_count`), with no core call."""
+        return self.waiting_count
 
     def selecting(self, on: bool) -> None:
         """A scheduling pass starts (True) or ends (False): within it the order of
@@ -409,7 +394,7 @@ class Requests:
             n = min(max(int(n), 1), self._M)
         if type(priority) is not int or not _BAND_MIN <= priority <= _BAND_MAX:
             priority = min(max(int(priority), _BAND_MIN), _BAND_MAX)  # the core's 64-bit bands
-        known = self._change()
+        self.changes += 1  # (before the change: head() asks the core again)
         observers = self.observers
         if observers and observers.wants("arriving"):
             observers.notify("arriving", tenant)
@@ -417,8 +402,7 @@ class Requests:
             self.core.submit(rid, tenant, n, priority=priority)
         else:  # (the core's default band: no keyword to parse)
             self.core.submit(rid, tenant, n)
-        if known:
-            self._moved(+1)
+        self.waiting_count += 1
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
@@ -431,12 +415,11 @@ class Requests:
         ``cached_len`` prefix-cache tokens; a preempted request's prompt never
         again), then the tokens it owes."""
         cached = min(max(int(cached_len), 0), t.prompt_len)
-        known = self._change()
+        self.changes += 1
         rid = self.core.pop(cached_len=cached)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
-        if known:
-            self._moved(-1)
+        self.waiting_count -= 1
         t.admissions += 1
         owed, t.owed = t.owed, 0
         if owed:
@@ -449,8 +432,9 @@ class Requests:
 
     def set_aside(self, t: Tracked) -> None:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
-        self._change()  # (the count is read again)
+        self.changes += 1
         rid = self.core.set_aside()
+        self.waiting_count = self.core.num_waiting  # (rare: read again)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
         self._aside_seq += 1
@@ -462,12 +446,14 @@ class Requests:
         a waiting request stays as it is. ``state``: its :meth:`status`, if known."""
         if state is None:
             state = self.core.status(t.rid)
-        self._change()  # (the count is read again)
+        self.changes += 1
         if state == ASIDE:
             self.core.put_back(t.rid)
+            self.waiting_count = self.core.num_waiting  # (rare: read again)
             del self._aside[t.key]
         elif state == RUNNING:
             self.core.preempt(t.rid)
+            self.waiting_count += 1
             if self.observers:
                 self.observers.notify("preempted", t)
 
@@ -526,9 +512,11 @@ class Requests:
         ``done`` is None); untracked and repeated keys are skipped. Returns the
         records released, in order. A step's finishes in one call (vLLM: ``finished_req_ids``)."""
         get = self._by_key.get
-        tracked = [t for key in dict.fromkeys(keys) if (t := get(key)) is not None]
-        if done is not None:
-            tracked = [t for t in tracked if done(t.request)]
+        tracked = []
+        for key in dict.fromkeys(keys):  # (a loop, not comprehensions: a frame each)
+            t = get(key)
+            if t is not None and (done is None or done(t.request)):
+                tracked.append(t)
         if tracked:
             self._drop(tracked, True)
         return tracked
@@ -536,7 +524,7 @@ class Requests:
     def _drop(self, tracked: Iterable[Tracked], finished: bool) -> None:
         """Drop each of ``tracked`` (distinct and tracked): ``finish`` in the core if
         ``finished`` and it runs there, else ``cancel`` if the core holds it; one
-        change each (:meth:`_change`, inline: a step's finishes come here)."""
+        change each (a step's finishes come here)."""
         by_key, by_rid, core = self._by_key, self._by_rid, self.core
         observers = self.observers
         for t in tracked:
@@ -547,7 +535,6 @@ class Requests:
                 self.overrides.pop(key, None)
             if self._aside:
                 self._aside.pop(key, None)
-            known = self._count_at == self.changes
             self.changes += 1
             state, done = RUNNING, False
             if finished:
@@ -560,10 +547,10 @@ class Requests:
                 state = core.status(rid)
             if not done and state is not None:
                 core.cancel(rid)
-            if known and (state == RUNNING or state == WAITING):
-                # (as _moved: the count stays known)
-                self._count -= state == WAITING
-                self._count_at = self.changes
+                if state == WAITING:
+                    self.waiting_count -= 1
+                elif state != RUNNING:  # (rare: read again)
+                    self.waiting_count = core.num_waiting
             if observers:
                 observers.notify("released", t, done)
 
@@ -583,8 +570,7 @@ class Requests:
                 per_rid[t.rid] = per_rid.get(t.rid, 0) + n
         if not per_rid:
             return []
-        if self._change():  # counters move, no request: the count stays known
-            self._moved(0)
+        self.changes += 1  # (counters move, no request: the waiting count stays)
         try:
             _decode(self.core, per_rid)
             idle = []
@@ -670,12 +656,7 @@ class Requests:
         """
         if not outputs:
             return
-        # (_change then _moved(0), inline on this every-step path: counters move,
-        # no request, so a known count stays known)
-        known = self._count_at == self.changes
-        self.changes += 1
-        if known:
-            self._count_at = self.changes
+        self.changes += 1  # (counters move, no request: the waiting count stays)
         core = self.core
         try:
             if not running:

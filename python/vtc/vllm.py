@@ -283,17 +283,17 @@ class VTCRequestQueue(RequestQueue):
         """Requests the integration holds state for (0 once all are finished)."""
         return len(self.requests)
 
-    # vLLM asks these several times a step: answered from Requests' count, read
-    # from the core once per change (and __bool__ without a second call)
+    # vLLM asks these several times a step: answered from Requests' count of the
+    # core's waiting requests, kept by every change (no call, no frame)
     def __bool__(self) -> bool:
         if self._pending is not None:
             self.settle()
-        return self.requests.num_waiting() > 0
+        return self.requests.waiting_count > 0
 
     def __len__(self) -> int:
         if self._pending is not None:
             self.settle()
-        return self.requests.num_waiting()
+        return self.requests.waiting_count
 
     def __iter__(self) -> Iterator[Request]:
         self.settle()
@@ -364,10 +364,11 @@ class _VTCMixin:
         asked once), then settle the step's last provisional pop."""
         with self.vtc_adapter.selecting():
             output = super().schedule(*args, **kwargs)
-        self.waiting.settle(output.num_scheduled_tokens)
-        requests = self.waiting.requests
+        waiting = self.waiting
+        if waiting._pending is not None:  # (settle's own test, without its frame)
+            waiting.settle(output.num_scheduled_tokens)
         same = len(self.running) == self.vtc.num_running
-        self._vtc_scheduled = (output, requests.changes) if same else None
+        self._vtc_scheduled = (output, waiting.requests.changes) if same else None
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -393,13 +394,15 @@ class _VTCMixin:
         of the lists, each list once, and if every list holds ``t`` tokens so
         does every output. Otherwise (a request scheduled without an output, a
         runner without lists) the outputs are read as before."""
-        self.waiting.settle()
+        waiting = self.waiting
+        if waiting._pending is not None:  # (settle's own test, without its frame)
+            waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         scheduled, self._vtc_scheduled = self._vtc_scheduled, None
         running = (
             scheduled is not None
             and scheduled[0] is scheduler_output
-            and scheduled[1] == self.waiting.requests.changes
+            and scheduled[1] == waiting.requests.changes
         )
         # The requests vLLM freed since its last schedule(): this step's finishes
         # (and aborts, which finish_requests already forgot).
@@ -407,7 +410,7 @@ class _VTCMixin:
         tokens = getattr(model_runner_output, "sampled_token_ids", None) if running else None
         if not (type(tokens) is list and tokens and type(tokens[0]) is list):
             tokens = None  # (another runner's shape: the outputs are read)
-        self.waiting.record_outputs(outputs.values(), finished, running, tokens)
+        waiting.record_outputs(outputs.values(), finished, running, tokens)
         self.vtc_adapter.step_done()  # observers: the trace, shared counters, metrics
         return outputs
 

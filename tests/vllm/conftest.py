@@ -52,14 +52,17 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture(autouse=True)
 def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Every answer ``vtc.adapter.Requests`` gives from its cache (``head`` within a
-    scheduling pass, ``num_waiting``) is checked against the core's own, so every
-    test here (preemption, priorities, skips, locality, shared counters) fails on
-    a stale one. Yields how many cached answers were checked."""
+    """Every answer ``vtc.adapter.Requests`` gives without asking the core (``head``
+    kept within a scheduling pass; the waiting count kept by every change, which
+    the queue's ``bool`` and ``len`` answer with) is checked against the core's own,
+    so every test here (preemption, priorities, skips, locality, shared counters)
+    fails on a stale one. Yields how many such answers were checked."""
     from vtc.adapter import Requests
+    from vtc.vllm import VTCRequestQueue
 
     checked = {"head": 0, "num_waiting": 0}
-    head, num_waiting = Requests.head, Requests.num_waiting
+    head = Requests.head
+    queue_bool, queue_len = VTCRequestQueue.__bool__, VTCRequestQueue.__len__
 
     def checked_head(self: Requests) -> Any:
         cached = self._head_at == self.changes
@@ -70,14 +73,23 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             checked["head"] += 1
         return t
 
-    def checked_num_waiting(self: Requests) -> int:
-        cached = self._count_at == self.changes
-        n = num_waiting(self)
-        if cached:
-            assert n == self.core.num_waiting, "stale count"
-            checked["num_waiting"] += 1
-        return n
+    def check_count(queue: VTCRequestQueue) -> None:
+        assert queue.requests.waiting_count == queue.core.num_waiting, "stale count"
+        checked["num_waiting"] += 1
+
+    def checked_bool(self: VTCRequestQueue) -> bool:
+        answer = queue_bool(self)
+        check_count(self)
+        assert answer == (self.core.num_waiting > 0)
+        return answer
+
+    def checked_len(self: VTCRequestQueue) -> int:
+        answer = queue_len(self)
+        check_count(self)
+        assert answer == self.core.num_waiting
+        return answer
 
     monkeypatch.setattr(Requests, "head", checked_head)
-    monkeypatch.setattr(Requests, "num_waiting", checked_num_waiting)
+    monkeypatch.setattr(VTCRequestQueue, "__bool__", checked_bool)
+    monkeypatch.setattr(VTCRequestQueue, "__len__", checked_len)
     return checked
