@@ -195,6 +195,21 @@ class EdgeLog:
             raise RuntimeError("edge failed")
 
 
+def held(ad: Adapter) -> bool:
+    """Whether the selection lock is held, as another thread sees it."""
+    free: list[bool] = []
+
+    def probe() -> None:
+        free.append(ad.selection_lock.acquire(blocking=False))
+        if free[0]:
+            ad.selection_lock.release()
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return not free[0]
+
+
 def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raises() -> None:
     """``Adapter.selecting()``: the lock held throughout, the sharing's edge at both
     ends, the head kept, the prefix lookup frozen; all undone on the way out, also
@@ -208,17 +223,7 @@ def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raise
 
     def state() -> tuple[bool, bool, bool]:
         """(the lock held, as another thread sees it; in a pass; the lookup frozen)"""
-        free: list[bool] = []
-
-        def probe() -> None:
-            free.append(ad.selection_lock.acquire(blocking=False))
-            if free[0]:
-                ad.selection_lock.release()
-
-        t = threading.Thread(target=probe)
-        t.start()
-        t.join()
-        return (not free[0], r._in_pass, lookup._memo is not None)
+        return (held(ad), r._in_pass, lookup._memo is not None)
 
     assert state() == (False, False, False)
     with ad.selecting():
@@ -234,3 +239,27 @@ def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raise
     with pytest.raises(RuntimeError, match="edge failed"), ad.selecting():
         raise AssertionError("not entered")  # pragma: no cover
     assert state() == (False, False, False) and log == ["edge 1"]  # no closing edge
+
+
+def test_one_pass_object_serves_pass_after_pass_one_at_a_time() -> None:
+    """An engine keeps one ``SchedulingPass`` and enters it every step: each pass
+    sets up and undoes everything as a fresh one does, a failed pass included, and
+    entering it while it is in a pass raises, leaving that pass as it was."""
+    log: list[str] = []
+    ad = Adapter(vtc.Scheduler(M=10**6), EngineConfig(locality_quantum=100.0))
+    ad.sharing = EdgeLog(log)
+    lookup = ad.set_prefix_lookup(lambda request: 0, source="a test")
+    r = ad.requests
+    ta = ad.enqueue("a1", "A1", ("a",), 10)
+    kept = ad.selecting()
+    for n in range(3):
+        if n == 1:
+            with pytest.raises(KeyError, match="failed"), kept:
+                raise KeyError("the engine's pass failed")
+        with kept:
+            assert (r._in_pass, lookup._memo is not None, r.head()) == (True, True, ta)
+            with pytest.raises(RuntimeError, match="already entered"), kept:
+                raise AssertionError("not entered")  # pragma: no cover
+            assert (r._in_pass, lookup._memo is not None, held(ad)) == (True, True, True)
+        assert (r._in_pass, lookup._memo is not None, held(ad)) == (False, False, False)
+    assert log == [f"edge {i}" for i in range(1, 9)]  # 4 passes, 2 edges each

@@ -292,9 +292,10 @@ class Requests:
         self.changes = 0
         #: steps :meth:`charge_outputs` charged without reading ids, so far
         self.uniform_steps = 0
-        #: the core's ``num_waiting``, kept by every change here: +1 a submit, -1 an
-        #: admission or a waiting request's release, read again after the rare
-        #: change whose effect it does not know (set aside, put back)
+        #: the core's ``num_waiting``, kept by every change here: +1 a submit or a
+        #: preemption, -1 an admission or a waiting request's release, read again
+        #: after the rare change whose effect it does not know (set aside, put back
+        #: from aside, released from aside)
         self.waiting_count: int = core.num_waiting
         self._head: Tracked | None = None
         self._head_at = -1  # ``changes`` when _head was read in this pass (-1: not in one)
@@ -950,24 +951,35 @@ class SchedulingPass:
     enters one every step, and the generator's machinery was ~4.5 µs of vLLM's
     step (bench/README.md, optimisation 25); for the same reason the way out is
     ``__exit__`` itself, and :meth:`Requests.selecting` is written out inline
-    (two stores) at both edges (optimisation 28)."""
+    (two stores) at both edges (optimisation 28).
 
-    __slots__ = ("_adapter", "_sharing", "_lookup")
+    One object can serve pass after pass (an engine keeps one: no object and no
+    frame made each step), one at a time: entering it while it is in a pass raises
+    ``RuntimeError`` (nested passes each take their own :meth:`Adapter.selecting`)."""
+
+    __slots__ = ("_adapter", "_sharing", "_lookup", "_entered")
 
     def __init__(self, adapter: Adapter) -> None:
         self._adapter = adapter
         self._sharing: Any = None
         self._lookup: PrefixLookup | None = None  # the lookup this pass froze
+        self._entered = False
 
     def __enter__(self) -> None:
+        if self._entered:
+            raise RuntimeError(
+                "this scheduling pass is already entered; Adapter.selecting() makes another"
+            )
         adapter = self._adapter
         lock = adapter.selection_lock
         lock.acquire()
+        self._entered = True
         try:
             sharing = adapter.sharing
             if sharing is not None:
                 sharing.pass_edge()
         except BaseException:
+            self._entered = False
             lock.release()
             raise
         self._sharing = sharing
@@ -995,6 +1007,7 @@ class SchedulingPass:
                 if sharing is not None:
                     sharing.pass_edge()
             finally:
+                self._entered = False
                 adapter.selection_lock.release()
 
 

@@ -311,6 +311,7 @@ class _VTCMixin:
         capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
         self.vtc = engine_core(config, capacity)  # with VTC_LOCALITY_QUANTUM's window
         self.vtc_adapter = Adapter(self.vtc, config, log=logger)
+        self._vtc_pass = self.vtc_adapter.selecting()  # entered by every schedule()
         self._install_prefix_lookup()
         self.vtc_tenancy = self.vtc_adapter.tenancy  # the tenant rule, weights, forgetting
         # vLLM's API server shows this process's series if both share the directory
@@ -362,7 +363,7 @@ class _VTCMixin:
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's step (one locality pass: each waiting request's prefix hit is
         asked once), then settle the step's last provisional pop."""
-        with self.vtc_adapter.selecting():
+        with self._vtc_pass:
             output = super().schedule(*args, **kwargs)
         waiting = self.waiting
         if waiting._pending is not None:  # (settle's own test, without its frame)
