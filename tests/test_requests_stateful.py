@@ -102,6 +102,7 @@ class RequestsMachine(RuleBasedStateMachine):
         self.service: dict[str, float] = {t: 0.0 for t in ("x", "y", "z")}
         self.weights: dict[str, float] = {}  # set by set_weight (1 otherwise)
         self.in_pass = False
+        self.scheduling = None  # the scheduling pass entered, if any
         self.serial = 0
 
     # -- helpers ---------------------------------------------------------------------
@@ -280,8 +281,18 @@ class RequestsMachine(RuleBasedStateMachine):
 
     @rule(on=st.booleans())
     def selecting(self, on):
-        self.requests.selecting(on)
-        self.in_pass = on
+        """A scheduling pass starts (or ends), entered as an engine enters one."""
+        if on and self.scheduling is None:
+            self.scheduling = self.adapter.selecting()
+            self.scheduling.__enter__()
+        elif not on and self.scheduling is not None:
+            self.scheduling.__exit__(None, None, None)
+            self.scheduling = None
+        self.in_pass = self.scheduling is not None
+
+    def teardown(self):
+        if getattr(self, "scheduling", None) is not None:
+            self.scheduling.__exit__(None, None, None)  # (a pass the run left open)
 
     @precondition(lambda self: not self.in_pass)
     @rule(tenant=TENANTS, by=st.sampled_from([1.0, 100.0]))
@@ -450,6 +461,7 @@ class DirectoryMetricsMachine(MetricsMachine):
         MultiProcessCollector(self.reader, path=self.directory)
 
     def teardown(self):
+        super().teardown()
         if getattr(self, "directory", None) is None:
             return
         if self.saved_env is None:

@@ -268,7 +268,7 @@ class Requests:
     were last asked: :attr:`waiting_count` is the core's ``num_waiting``, kept by
     every call here that changes the core (the core's waiting set changes by no
     other path; each counts one in :attr:`changes`), and :meth:`head` is asked
-    of the core once per change within a scheduling pass (:meth:`selecting`),
+    of the core once per change within a scheduling pass (:class:`SchedulingPass`),
     while the order can change by no other path: outside a pass a counter may
     rise meanwhile (shared counters' sync, weights reloaded), so it asks the
     core each time.
@@ -299,6 +299,9 @@ class Requests:
         self.waiting_count: int = core.num_waiting
         self._head: Tracked | None = None
         self._head_at = -1  # ``changes`` when _head was read in this pass (-1: not in one)
+        # Within a scheduling pass (set, with _head_at reset, at both of its edges by
+        # SchedulingPass) the order of the queue changes only by calls here, so head()
+        # may keep its answer.
         self._in_pass = False
 
     # -- lookups (and :attr:`get`) -------------------------------------------------
@@ -324,14 +327,6 @@ class Requests:
     def num_waiting(self) -> int:
         """The core's ``num_waiting`` (:attr:`waiting_count`), with no core call."""
         return self.waiting_count
-
-    def selecting(self, on: bool) -> None:
-        """A scheduling pass starts (True) or ends (False): within it the order of
-        the queue changes only by calls here, so :meth:`head` may be kept
-        (:meth:`Adapter.selecting` marks the passes: :class:`SchedulingPass` writes
-        these two stores out inline)."""
-        self._in_pass = on
-        self._head_at = -1
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -945,13 +940,13 @@ def format_counters(
 class SchedulingPass:
     """:meth:`Adapter.selecting`'s context manager: :attr:`Adapter.selection_lock`
     held throughout; the shared counters' pass edge (if any) at both ends;
-    :meth:`Requests.selecting` on (the order changes only by its calls: the head
-    is kept); the prefix lookup (if any) frozen. Each undone on the way out, in
+    :class:`Requests` in a pass (the order changes only by its calls: the head is
+    kept); the prefix lookup (if any) frozen. Each undone on the way out, in
     reverse, whatever raised. A class, not a ``contextlib`` generator: an engine
     enters one every step, and the generator's machinery was ~4.5 µs of vLLM's
     step (bench/README.md, optimisation 25); for the same reason the way out is
-    ``__exit__`` itself, and :meth:`Requests.selecting` is written out inline
-    (two stores) at both edges (optimisation 28).
+    ``__exit__`` itself, and the requests' pass flag is two stores at each edge,
+    not a call (optimisation 28).
 
     One object can serve pass after pass (an engine keeps one: no object and no
     frame made each step), one at a time: entering it while it is in a pass raises
@@ -985,7 +980,7 @@ class SchedulingPass:
         self._sharing = sharing
         try:
             requests = adapter.requests
-            requests._in_pass, requests._head_at = True, -1  # (requests.selecting(True))
+            requests._in_pass, requests._head_at = True, -1  # (in a pass: head kept)
             lookup = adapter.prefix_lookup
             if lookup is not None and lookup.freeze():
                 self._lookup = lookup
@@ -1002,7 +997,7 @@ class SchedulingPass:
         finally:
             try:
                 requests = adapter.requests
-                requests._in_pass, requests._head_at = False, -1  # (requests.selecting(False))
+                requests._in_pass, requests._head_at = False, -1  # (out: head asked)
                 sharing, self._sharing = self._sharing, None
                 if sharing is not None:
                     sharing.pass_edge()
