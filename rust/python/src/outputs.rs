@@ -188,11 +188,12 @@ fn uniform_list_lens(list: &Bound<'_, PyList>) -> Option<Option<(usize, i64)>> {
         // SAFETY: the GIL is held, `i` is below the list's length and no
         // Python code runs in this loop, so the borrowed item stays valid.
         let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-        // SAFETY: `p` is null (cannot happen, see above) or a live object
-        if p.is_null() || unsafe { pyo3::ffi::PyList_CheckExact(p) } == 0 {
-            if p.is_null() {
-                drop(PyErr::take(list.py()));
-            }
+        if p.is_null() {
+            drop(PyErr::take(list.py())); // (cannot happen, see above)
+            return None;
+        }
+        // SAFETY: `p` is a live object (borrowed, above)
+        if unsafe { pyo3::ffi::PyList_CheckExact(p) } == 0 {
             return None;
         }
         // SAFETY: `p` is a live exact list (above)
