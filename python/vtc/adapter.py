@@ -297,12 +297,15 @@ class Requests:
         #: after the rare change whose effect it does not know (set aside, put back
         #: from aside, released from aside)
         self.waiting_count: int = core.num_waiting
-        self._head: Tracked | None = None
-        self._head_at = -1  # ``changes`` when _head was read in this pass (-1: not in one)
-        # Within a scheduling pass (set, with _head_at reset, at both of its edges by
-        # SchedulingPass) the order of the queue changes only by calls here, so head()
-        # may keep its answer.
+        # Within a scheduling pass (set, with head_kept_at reset, at both of its edges
+        # by SchedulingPass) the order of the queue changes only by calls here, so
+        # head() may keep its answer.
         self._in_pass = False
+        #: head()'s answer kept in this pass, valid while ``head_kept_at`` is
+        #: ``changes`` (-1 outside a pass: never); a shell's hot path may read it
+        #: instead of calling head() (vLLM's pop_request, after its peek_request)
+        self.head_kept: Tracked | None = None
+        self.head_kept_at = -1
 
     # -- lookups (and :attr:`get`) -------------------------------------------------
     def at(self, rid: int) -> Tracked:
@@ -316,12 +319,12 @@ class Requests:
     def head(self) -> Tracked | None:
         """The request the core admits next (None if none waits); within a
         scheduling pass, asked of the core once per change."""
-        if self._head_at == self.changes:
-            return self._head
+        if self.head_kept_at == self.changes:
+            return self.head_kept
         rid = self.core.peek()
         t = None if rid is None else self._by_rid[rid]
         if self._in_pass:
-            self._head, self._head_at = t, self.changes
+            self.head_kept, self.head_kept_at = t, self.changes
         return t
 
     def num_waiting(self) -> int:
@@ -980,7 +983,7 @@ class SchedulingPass:
         self._sharing = sharing
         try:
             requests = adapter.requests
-            requests._in_pass, requests._head_at = True, -1  # (in a pass: head kept)
+            requests._in_pass, requests.head_kept_at = True, -1  # (in a pass: head kept)
             lookup = adapter.prefix_lookup
             if lookup is not None and lookup.freeze():
                 self._lookup = lookup
@@ -997,7 +1000,7 @@ class SchedulingPass:
         finally:
             try:
                 requests = adapter.requests
-                requests._in_pass, requests._head_at = False, -1  # (out: head asked)
+                requests._in_pass, requests.head_kept_at = False, -1  # (out: head asked)
                 sharing, self._sharing = self._sharing, None
                 if sharing is not None:
                     sharing.pass_edge()

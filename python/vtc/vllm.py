@@ -105,15 +105,6 @@ _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 _is_finished = operator.methodcaller("is_finished")
 
 
-def _admitted(request: Request) -> bool:
-    """Whether vLLM admitted a request it just popped (vs. skipped it): it is
-    RUNNING, or loading KV (``WAITING_FOR_REMOTE_KVS``: it holds blocks)."""
-    status = request.status
-    return (
-        status == _RUNNING or status == _WAITING_FOR_REMOTE_KVS or request.num_computed_tokens > 0
-    )
-
-
 class VTCRequestQueue(RequestQueue):
     """vLLM's waiting queue, ordered by a ``vtc.Scheduler`` in engine mode.
 
@@ -135,17 +126,6 @@ class VTCRequestQueue(RequestQueue):
         self._tenant_of = tenant_of
         self.requests = Requests(core) if requests is None else requests  # by vLLM id
         self._pending: Tracked | None = None
-
-    def _submit(self, request: Request) -> None:
-        # vLLM's priority (smaller first; always 0 unless --scheduling-policy
-        # priority) is the core's band: strict bands, VTC inside each
-        self.requests.submit(
-            request.request_id,
-            request,
-            self._tenant_of(request),
-            request.num_prompt_tokens,
-            request.priority,
-        )
 
     def entry(self, request_id: str) -> Tracked | None:
         """The integration's record of a vLLM request (None if it has none)."""
@@ -171,11 +151,13 @@ class VTCRequestQueue(RequestQueue):
             return
         self._pending = None
         request = t.request
-        if not _admitted(request):
+        status, computed = request.status, request.num_computed_tokens
+        # admitted (vs. skipped): running, or loading KV (WAITING_FOR_REMOTE_KVS:
+        # it holds blocks), or with tokens computed (the test inline: a frame less)
+        if not (status == _RUNNING or status == _WAITING_FOR_REMOTE_KVS or computed > 0):
             self.requests.set_aside(t)
             return
-        computed = request.num_computed_tokens
-        if num_scheduled_tokens is not None and request.status == _RUNNING:
+        if num_scheduled_tokens is not None and status == _RUNNING:
             computed -= num_scheduled_tokens.get(request.request_id, 0)
         # (a preempted request's prompt is never charged again, whatever is cached)
         self.requests.admit(t, computed)
@@ -184,11 +166,20 @@ class VTCRequestQueue(RequestQueue):
         """A request arrives (or a paused session returns): submit it to the core."""
         if self._pending is not None:
             self.settle()
-        t = self.requests.get(request.request_id)
-        if t is None:
-            self._submit(request)
-        else:
-            self.requests.put_back(t)
+        requests = self.requests
+        t = requests.get(request.request_id)
+        if t is not None:
+            requests.put_back(t)
+            return
+        # vLLM's priority (smaller first; always 0 unless --scheduling-policy
+        # priority) is the core's band: strict bands, VTC inside each
+        requests.submit(
+            request.request_id,
+            request,
+            self._tenant_of(request),
+            request.num_prompt_tokens,
+            request.priority,
+        )
 
     def peek_request(self) -> Request:
         """The request the VTC policy admits next (IndexError if none waits)."""
@@ -203,7 +194,9 @@ class VTCRequestQueue(RequestQueue):
         """Take the request ``peek_request()`` names; settled at the next call."""
         if self._pending is not None:
             self.settle()
-        t = self.requests.head()
+        requests = self.requests
+        # vLLM peeks first: in a pass, the head it named is kept (head()'s own test)
+        t = requests.head_kept if requests.head_kept_at == requests.changes else requests.head()
         if t is None:
             raise IndexError("pop from an empty VTC queue")
         self._pending = t
@@ -221,7 +214,7 @@ class VTCRequestQueue(RequestQueue):
         for request in requests:
             t = self.requests.get(request.request_id)
             if t is None:
-                self._submit(request)
+                self.add_request(request)  # (untracked: it arrives)
             else:
                 tracked.append(t)
         self.requests.put_back_all(tracked)

@@ -53,25 +53,35 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Every answer ``vtc.adapter.Requests`` gives without asking the core (``head``
-    kept within a scheduling pass; the waiting count kept by every change, which
-    the queue's ``bool`` and ``len`` answer with) is checked against the core's own,
+    kept within a scheduling pass, which the queue's ``pop_request`` takes without
+    calling it; the waiting count kept by every change, which the queue's ``bool``
+    and ``len`` answer with) is checked against the core's own,
     so every test here (preemption, priorities, skips, locality, shared counters)
     fails on a stale one. Yields how many such answers were checked."""
     from vtc.adapter import Requests
     from vtc.vllm import VTCRequestQueue
 
-    checked = {"head": 0, "num_waiting": 0}
+    checked = {"head": 0, "num_waiting": 0, "pop": 0}
     head = Requests.head
     queue_bool, queue_len = VTCRequestQueue.__bool__, VTCRequestQueue.__len__
+    queue_pop = VTCRequestQueue.pop_request
 
     def checked_head(self: Requests) -> Any:
-        cached = self._head_at == self.changes
+        cached = self.head_kept_at == self.changes
         t = head(self)
         if cached:
             rid = self.core.peek()  # (within a pass: the lookup's answers are frozen)
             assert t is (None if rid is None else self._by_rid[rid]), "stale head"
             checked["head"] += 1
         return t
+
+    def checked_pop(self: VTCRequestQueue) -> Any:
+        request = queue_pop(self)  # (in a pass it takes the head kept, without head())
+        if self.requests._in_pass:
+            rid = self.core.peek()  # (within a pass: the lookup's answers are frozen)
+            assert self._pending is not None and self._pending.rid == rid, "stale pop"
+            checked["pop"] += 1
+        return request
 
     def check_count(queue: VTCRequestQueue) -> None:
         assert queue.requests.waiting_count == queue.core.num_waiting, "stale count"
@@ -92,4 +102,5 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(Requests, "head", checked_head)
     monkeypatch.setattr(VTCRequestQueue, "__bool__", checked_bool)
     monkeypatch.setattr(VTCRequestQueue, "__len__", checked_len)
+    monkeypatch.setattr(VTCRequestQueue, "pop_request", checked_pop)
     return checked

@@ -30,7 +30,7 @@ from vllm_harness import (
 
 import vtc
 from vtc import reference
-from vtc.adapter import Requests
+from vtc.adapter import Adapter, Requests
 from vtc.vllm import (
     AsyncVTCScheduler,
     TenantTracingScheduler,
@@ -223,7 +223,7 @@ def test_the_queue_answers_from_its_cache_and_never_a_stale_one(
     step(s)
     s.vtc.raise_counter("a", 1e6)  # as a shared counters' sync does between passes
     assert run_counting_preemptions(s, requests[3:]) > 0
-    assert cache_checks["head"] > 0 and cache_checks["num_waiting"] > 0
+    assert cache_checks["pop"] > 0 and cache_checks["num_waiting"] > 0
     assert_empty(s)
 
 
@@ -428,6 +428,28 @@ def test_skipped_pops_are_not_charged(model_dir: str) -> None:
     run_until_idle(s)
     assert s.tenant_services() == {t: 2 * (WP * 32 + WQ * 6) for t in "xy"}
     assert_empty(s)
+
+
+def test_a_pop_takes_the_head_its_peek_named_unless_the_queue_changed_between() -> None:
+    """In a scheduling pass, ``pop_request`` takes the head ``peek_request`` kept
+    (vLLM peeks, then pops) without asking again; a change in between (here an
+    arrival in a more urgent band, which goes ahead) makes it ask the core."""
+    core = vtc.Scheduler(M=1000)
+    adapter = Adapter(core, VTCConfig())
+    q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"], adapter.requests)
+    a1, a2, b1 = make_request("a", 10), make_request("a", 20), make_request("b", 30, priority=-1)
+    q.add_request(a1)
+    q.add_request(a2)
+    with adapter.selecting():
+        assert q.peek_request() is a1
+        assert q.pop_request() is a1  # the head kept: no core call
+        assert adapter.requests.head_kept.request is a1
+        a1.status = RequestStatus.RUNNING
+        assert q.peek_request() is a2  # (a1 settled: admitted)
+        q.add_request(b1)
+        assert q.pop_request() is b1  # not a2, the head kept before the arrival
+    assert adapter.requests.head_kept_at == -1  # (out of the pass: never kept)
+    assert core.status(q.core_id(a2.request_id)) == "waiting"
 
 
 def test_provisional_pop_is_settled_by_what_vllm_did(model_dir: str) -> None:
