@@ -376,6 +376,29 @@ def test_pop_names_an_out_of_range_cached_len(cached):
         assert s.num_waiting == 1
 
 
+class _Int(int):
+    """An int subclass: not an exact int, so read by the general path."""
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_an_int_argument_reads_alike_at_each_edge_of_64_bits(cls):
+    """Request ids at the edges of i64 and u64 (an exact int is read in one call
+    when it fits in either), and the same values as an int subclass (the general
+    path), are the same ids; the first ints past them are refused, naming them."""
+    s = cls(100)
+    ids = [0, 2**63 - 1, 2**63, 2**64 - 1]
+    for i, rid in enumerate(ids):
+        s.submit(rid, f"t{i}", 5)
+        assert s.status(_Int(rid)) == "waiting"
+    for rid in (-1, -(2**63) - 1, 2**64, 2**200):
+        with pytest.raises(vtc.InvalidArgumentError, match="request_id"):
+            s.submit(rid, "x", 5)
+    with pytest.raises(TypeError):
+        s.submit(True, "x", 5)
+    assert sorted(s.pop(_Int(0)) for _ in ids) == ids
+    assert s.num_waiting == 0 and s.num_running == len(ids)
+
+
 # -- 7 and 8. one rule for numbers --------------------------------------------
 
 

@@ -413,9 +413,11 @@ class Requests:
         """``t``, the core's head, is admitted: its prompt is charged (less
         ``cached_len`` prefix-cache tokens; a preempted request's prompt never
         again), then the tokens it owes."""
-        cached = min(max(int(cached_len), 0), t.prompt_len)
+        cached = cached_len
+        if type(cached) is not int or not 0 <= cached <= t.prompt_len:  # (in range: as it is)
+            cached = min(max(int(cached), 0), t.prompt_len)
         self.changes += 1
-        rid = self.core.pop(cached_len=cached)
+        rid = self.core.pop(cached)  # (positional: no keyword to parse)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
         self.waiting_count -= 1

@@ -64,24 +64,77 @@ pub(crate) fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound
     }
 }
 
+/// The usual integer argument read in one call: an exact `int` that fits in
+/// i64, or in u64 (a core request id, half of which are past i64). `None`
+/// for anything else, which the general path reads. Runs no Python code:
+/// `PyLong_AsLongLongAndOverflow` reports an overflow without raising, and
+/// `PyLong_AsUnsignedLongLong`'s OverflowError (a negative or a wider int) is
+/// cleared here.
+#[inline]
+fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
+    let p = obj.as_ptr();
+    // SAFETY: `p` is a live object (borrowed from `obj`)
+    if unsafe { pyo3::ffi::PyLong_CheckExact(p) } == 0 {
+        return None;
+    }
+    let mut overflow: std::os::raw::c_int = 0;
+    // SAFETY: `p` is a live exact int (above)
+    let v = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
+    if overflow == 0 {
+        return Some(i128::from(v));
+    }
+    if overflow < 0 {
+        return None;
+    }
+    // SAFETY: as above; an int past u64 raises OverflowError and returns
+    // u64::MAX, which is never taken for a value without checking the error
+    let u = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLong(p) };
+    if u == u64::MAX && PyErr::take(obj.py()).is_some() {
+        return None;
+    }
+    Some(i128::from(u))
+}
+
 /// An integer argument (see [`index_of`]) in i128.
 pub(crate) fn int_arg(what: &str, obj: &Bound<'_, PyAny>) -> Result<i128> {
+    if let Some(v) = exact_int(obj) {
+        return Ok(v);
+    }
     index_of(what, obj)?
         .extract::<i128>()
         .map_err(|_| invalid(format!("{what} {} is out of range", repr(obj))))
 }
 
-/// [`int_arg`] for an argument whose every value out of i64 is refused the
-/// same way: saturated to i128's range, with the int's own text to name it.
-pub(crate) fn int_arg_sat(what: &str, obj: &Bound<'_, PyAny>) -> Result<(i128, String)> {
+/// An integer argument (see [`index_of`]) for which every value out of i64
+/// is refused the same way: its value saturated to i128's range, and the
+/// text that names it in a message.
+pub(crate) struct SatInt {
+    pub(crate) v: i128,
+    /// The int's own text when `v` is saturated (None: `v` is the value)
+    text: Option<String>,
+}
+
+impl SatInt {
+    /// The argument as its message names it: the int's own digits.
+    pub(crate) fn text(&self) -> String {
+        self.text.clone().unwrap_or_else(|| self.v.to_string())
+    }
+}
+
+/// [`int_arg`] saturated (see [`SatInt`]); the int's text is made only for
+/// a value past i128, so the usual argument costs no string.
+pub(crate) fn int_arg_sat(what: &str, obj: &Bound<'_, PyAny>) -> Result<SatInt> {
+    if let Some(v) = exact_int(obj) {
+        return Ok(SatInt { v, text: None });
+    }
     let idx = index_of(what, obj)?;
-    let text = idx.str().map(|s| s.to_string()).unwrap_or_default();
-    let v = match idx.extract::<i128>() {
-        Ok(v) => v,
-        Err(_) if idx.gt(0)? => i128::MAX,
-        Err(_) => i128::MIN,
-    };
-    Ok((v, text))
+    Ok(match idx.extract::<i128>() {
+        Ok(v) => SatInt { v, text: None },
+        Err(_) => SatInt {
+            v: if idx.gt(0)? { i128::MAX } else { i128::MIN },
+            text: Some(idx.str().map(|s| s.to_string()).unwrap_or_default()),
+        },
+    })
 }
 
 pub(crate) fn request_id_arg(obj: &Bound<'_, PyAny>) -> Result<u64> {

@@ -403,7 +403,7 @@ impl PyScheduler {
         let mut g = self.lock(py)?;
         let window = g.window_lookup(py);
         let mut lookup = window.as_ref().map(PyLookup::new);
-        let (v, int) = match cached {
+        let sat = match cached {
             None => {
                 return match &mut lookup {
                     None => Ok(g.core.pop_cached(None)?),
@@ -423,6 +423,7 @@ impl PyScheduler {
                 };
             }
         };
+        let v = sat.v;
         // A value outside i64 is outside [0, prompt_len] too: the core
         // rejects its clamped stand-in, and the message names the real one.
         let clamped = i64::try_from(v).unwrap_or(if v < 0 { -1 } else { i64::MAX });
@@ -438,7 +439,8 @@ impl PyScheduler {
                 if i128::from(clamped) != v =>
             {
                 invalid(format!(
-                    "cached_len must be between 0 and prompt_len={prompt_len}, got {int}"
+                    "cached_len must be between 0 and prompt_len={prompt_len}, got {}",
+                    sat.text()
                 ))
             }
             e => e,

@@ -54,13 +54,14 @@ impl<'a, 'py> PyLookup<'a, 'py> {
         IN_LOOKUP.with(|x| x.set(true));
         let answer = self.f.call1((request_id,));
         IN_LOOKUP.with(|x| x.set(false));
-        let (v, text) = int_arg_sat("prefix lookup", &answer?)?;
+        let answer = int_arg_sat("prefix lookup", &answer?)?;
         // the range is the core's to check (InvalidPrefixHit); only an int
         // that a u64 cannot hold is refused here, in the core's words
-        u64::try_from(v).map_err(|_| {
+        u64::try_from(answer.v).map_err(|_| {
             invalid(format!(
-                "prefix lookup of request {request_id} returned {text}, outside [0, {footprint}] \
-                 (its prompt and generated tokens)"
+                "prefix lookup of request {request_id} returned {}, outside [0, {footprint}] \
+                 (its prompt and generated tokens)",
+                answer.text()
             ))
         })
     }
