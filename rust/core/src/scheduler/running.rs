@@ -116,15 +116,21 @@ impl Scheduler {
         for &c in &self.running_clients {
             let cl = &mut self.clients[c as usize];
             debug_assert!(cl.n_running > 0 && cl.pending_tokens == 0);
-            let mut run = RunSums {
-                n: cl.n_running as u64,
-                prompt: cl.run_prompt,
-                gen: cl.occupancy - cl.run_prompt,
-            };
-            let sums = run.grow_all(t);
-            cl.occupancy = cl.run_prompt + run.gen;
-            cl.pending_tokens = sums.t;
-            if !linear {
+            let n = cl.n_running as u64;
+            if linear {
+                // a linear cost charges the token count alone: the wide sums
+                // of `grow_all` are not made (their occupancy is this one's)
+                cl.occupancy += u128::from(n) * u128::from(t);
+                cl.pending_tokens = n * t;
+            } else {
+                let mut run = RunSums {
+                    n,
+                    prompt: cl.run_prompt,
+                    gen: cl.occupancy - cl.run_prompt,
+                };
+                let sums = run.grow_all(t);
+                cl.occupancy = cl.run_prompt + run.gen;
+                cl.pending_tokens = sums.t;
                 self.extra[c as usize] = sums;
             }
             self.touched.push(c);
