@@ -68,8 +68,8 @@ pub(crate) fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound
 /// i64, or in u64 (a core request id, half of which are past i64). `None`
 /// for anything else, which the general path reads. Runs no Python code:
 /// `PyLong_AsLongLongAndOverflow` reports an overflow without raising, and
-/// `PyLong_AsUnsignedLongLong`'s OverflowError (a negative or a wider int) is
-/// cleared here.
+/// `PyLong_AsUnsignedLongLong` (asked only of an int past i64) raises
+/// OverflowError only for an int past u64, which is cleared here.
 #[inline]
 fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
     let p = obj.as_ptr();
