@@ -399,6 +399,22 @@ def test_an_int_argument_reads_alike_at_each_edge_of_64_bits(cls):
     assert s.num_waiting == 0 and s.num_running == len(ids)
 
 
+@pytest.mark.parametrize("cls", BOTH)
+def test_an_int_client_id_reads_alike_at_each_edge_of_64_bits(cls):
+    """Int client ids at the edges of i64, as exact ints and as an int subclass,
+    are the same clients; the first ints past them (an exact int past i64 is read
+    in one call up to u64) are refused, naming the value, and change nothing."""
+    s = cls(100)
+    for i, client in enumerate([-(2**63), 2**63 - 1, 0]):
+        s.submit(i, client, 5)
+        s.submit(10 + i, _Int(client), 5)
+        assert s.active_clients()[client] == (2, 0)
+    for client in (2**63, 2**64 - 1, 2**64, -(2**63) - 1):
+        with pytest.raises(vtc.InvalidArgumentError, match=str(client)):
+            s.submit(99, client, 5)
+    assert s.num_waiting == 6 and sorted(s.clients()) == [-(2**63), 0, 2**63 - 1]
+
+
 # -- 7 and 8. one rule for numbers --------------------------------------------
 
 

@@ -71,7 +71,7 @@ pub(crate) fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound
 /// `PyLong_AsUnsignedLongLong` (asked only of an int past i64) raises
 /// OverflowError only for an int past u64, which is cleared here.
 #[inline]
-fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
+pub(crate) fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
     let p = obj.as_ptr();
     // SAFETY: `p` is a live object (borrowed from `obj`)
     if unsafe { pyo3::ffi::PyLong_CheckExact(p) } == 0 {

@@ -9,7 +9,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString};
 use pyo3::Borrowed;
 use vtc_core::{ClientKey, KeyRef};
 
-use crate::convert::type_error;
+use crate::convert::{exact_int, type_error};
 use crate::errors::{invalid, Result};
 
 /// The key bytes of a str: borrowed UTF-8 when it is valid Unicode, else
@@ -46,7 +46,11 @@ pub(crate) fn client_key<'a>(obj: Borrowed<'a, '_, PyAny>) -> Result<KeyRef<'a>>
         return Ok(KeyRef::Str(str_key(s)?));
     }
     if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        let v: i128 = obj.extract()?;
+        // (an exact int in i64 or u64 read in one call, as every int argument)
+        let v = match exact_int(&obj) {
+            Some(v) => v,
+            None => obj.extract::<i128>()?,
+        };
         return i64::try_from(v)
             .map(KeyRef::Int)
             .map_err(|_| invalid(format!("client id {v} does not fit in 64 bits")));
