@@ -554,6 +554,29 @@ def test_list_ids_of_every_kind_read_as_the_reference_reads_them(items, tokens):
     assert core == reference
 
 
+@pytest.mark.parametrize("cls", BOTH)
+def test_list_ids_past_i64_are_charged_as_a_tuple_or_an_array_of_them_is(cls):
+    """Ids in u64 past i64 (read in place from a list, like any exact int in
+    u64), before, between and after ids in i64 and an int subclass: a list, a
+    tuple and a uint64 array charge the same requests the same tokens."""
+    rids = [0, 2**63, 2**64 - 1, 7]
+    orders = ([2**63, 0, 2**64 - 1, 7], [0, 2**64 - 1, _Int(2**63), 7], [7, 2**63, 0, 2**64 - 1])
+    seen = []
+    for shape in (list, tuple, lambda ids: np.array([int(i) for i in ids], dtype=np.uint64)):
+        s = cls(1000)
+        for i, rid in enumerate(rids):
+            s.submit(rid, f"t{i}", 5)
+        while s.schedule():
+            pass
+        for k, ids in enumerate(orders):
+            s.decode(shape(ids), [1, 2, 3, 4][k:] + [1, 2, 3, 4][:k])
+        seen.append([s.generated(r) for r in rids])
+        with pytest.raises(vtc.InvalidArgumentError, match=str(2**64)):
+            s.decode([2**63, 2**64], 1)
+        assert [s.generated(r) for r in rids] == seen[-1]
+    assert seen[0] == seen[1] == seen[2] and sum(seen[0]) == 30
+
+
 def test_a_reentrant_call_inside_index_raises_its_own_error():
     s = one_running()
 

@@ -72,8 +72,17 @@ pub(crate) fn index_of<'py>(what: &str, obj: &Bound<'py, PyAny>) -> Result<Bound
 /// OverflowError only for an int past u64, which is cleared here.
 #[inline]
 pub(crate) fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
-    let p = obj.as_ptr();
-    // SAFETY: `p` is a live object (borrowed from `obj`)
+    // SAFETY: `obj` is a live object and holding it means the GIL is held
+    unsafe { exact_int_at(obj.py(), obj.as_ptr()) }
+}
+
+/// [`exact_int`] on a borrowed pointer (an item read in place from a list).
+///
+/// # Safety
+/// `p` is a live object and stays so for the call; the GIL is held.
+#[inline]
+pub(crate) unsafe fn exact_int_at(py: Python<'_>, p: *mut pyo3::ffi::PyObject) -> Option<i128> {
+    // SAFETY: `p` is a live object (the caller's promise)
     if unsafe { pyo3::ffi::PyLong_CheckExact(p) } == 0 {
         return None;
     }
@@ -89,7 +98,7 @@ pub(crate) fn exact_int(obj: &Bound<'_, PyAny>) -> Option<i128> {
     // SAFETY: as above; an int past u64 raises OverflowError and returns
     // u64::MAX, which is never taken for a value without checking the error
     let u = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLong(p) };
-    if u == u64::MAX && PyErr::take(obj.py()).is_some() {
+    if u == u64::MAX && PyErr::take(py).is_some() {
         return None;
     }
     Some(i128::from(u))
@@ -245,12 +254,7 @@ impl Read {
 
     pub(crate) fn push(&mut self, what: &str, item: &Bound<'_, PyAny>) {
         if self.err.is_none() {
-            // the common case first: an exact int that fits in i64
-            let v = match item.cast_exact::<PyInt>().map(|i| i.extract::<i64>()) {
-                Ok(Ok(v)) => Ok(i128::from(v)),
-                _ => int_arg(what, item),
-            };
-            match v {
+            match int_arg(what, item) {
                 Ok(v) => self.vals.push(v),
                 Err(e) => self.err = Some((self.len, e)),
             }
@@ -260,10 +264,9 @@ impl Read {
 
     /// The items of an exact list as it is at the call (as `vtc.reference`
     /// reads it: a copy, then each item converted). The common item, an
-    /// exact int that fits in i64, is read in place: borrowed from the list
-    /// and converted by `PyLong_AsLongLongAndOverflow`, which runs no Python
-    /// code and cannot fail for an exact int (an overflow is reported, not
-    /// raised), so no reference count or error check per item. At the first
+    /// exact int in i64 or u64, is read in place: borrowed from the list and
+    /// converted by [`exact_int_at`], which runs no Python code and leaves no
+    /// error set, so no reference count per item. At the first
     /// other item, whose `__index__` may run Python code that changes the
     /// list, the items left are copied (references of our own) and read
     /// through [`push`](Self::push).
@@ -274,12 +277,10 @@ impl Read {
             // Python code has run since it was read, so the item exists; the
             // borrowed pointer is only read before any Python code can run.
             let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-            if !p.is_null() && unsafe { pyo3::ffi::PyLong_CheckExact(p) } != 0 {
-                let mut overflow: std::os::raw::c_int = 0;
-                // SAFETY: `p` is a live exact int (above)
-                let v = unsafe { pyo3::ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
-                if overflow == 0 {
-                    self.vals.push(i128::from(v));
+            if !p.is_null() {
+                // SAFETY: `p` is live (above)
+                if let Some(v) = unsafe { exact_int_at(list.py(), p) } {
+                    self.vals.push(v);
                     self.len += 1;
                     continue;
                 }
