@@ -347,3 +347,61 @@ def test_large_batches_over_many_clients_match_reference(kwargs):
         assert state(fast) == state(ref), step
     fast._check_invariants()
     assert fast.num_clients == 90
+
+
+@pytest.mark.parametrize("bands", [False, True])
+def test_few_running_among_many_backlogged_match_reference(bands):
+    """Engine-form steps in which a decode charges a few of many backlogged
+    clients (the core leaves their heap keys stale until one reaches the top
+    of its band): every peek, pop and charge is the reference's, with weights,
+    priority bands, preemption, set-aside requests and raised counters."""
+    rng = random.Random(11 if bands else 7)
+    kw = {"band_weights": {0: 1.0, 1: 3.0}} if bands else {}
+    fast, ref = vtc.Scheduler(600, 1.0, 2.0, **kw), reference.Scheduler(600, 1.0, 2.0, **kw)
+    both = (fast, ref)
+    rid = 0
+    for c in range(0, 200, 7):
+        for s in both:
+            s.set_weight(c, 1 + c % 3)
+    aside = []
+    for step in range(400):
+        for _ in range(rng.randint(0, 4)):
+            rid += 1
+            args = (rid, rng.randrange(200), rng.randint(1, 30))
+            prio = {"priority": rng.randrange(2)} if bands else {}
+            for s in both:
+                s.submit(*args, **prio)
+        while fast.occupancy < 500 and fast.num_waiting:
+            assert fast.peek() == ref.peek(), step
+            if rng.random() < 0.1:  # the engine cannot take it: set aside
+                got = fast.set_aside()
+                assert got == ref.set_aside(), step
+                aside.append(got)
+            else:
+                assert fast.pop() == ref.pop(), step
+        if aside and rng.random() < 0.3:
+            back = aside.pop()
+            for s in both:
+                s.put_back(back)
+        ids = fast.running()
+        toks = [rng.randint(0, 4) for _ in ids]
+        for s in both:
+            s.decode(ids, toks)
+        for r in ids:
+            x = rng.random()
+            if x < 0.05:
+                for s in both:
+                    s.finish(r)
+            elif x < 0.07:
+                for s in both:
+                    s.preempt(r)
+        if step % 50 == 0:
+            c = rng.randrange(200)
+            if c in fast.clients():
+                v = fast.counter(c) + rng.randint(0, 40)
+                for s in both:
+                    s.raise_counter(c, v)
+        assert state(fast) == state(ref), step
+        if step % 20 == 0:
+            fast._check_invariants()
+    assert fast.num_clients > 150

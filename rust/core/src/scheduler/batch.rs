@@ -99,6 +99,7 @@ impl Scheduler {
                 while x != NO_ENTITY {
                     let b = self.entities[x as usize].band as usize;
                     self.bands[b].heap.remove(x, &mut self.entities[..]);
+                    self.freshen_top(b);
                     parked.push(x);
                     x = self.entities[x as usize].next;
                 }

@@ -34,12 +34,19 @@ impl Scheduler {
         self.changes.touch(c);
     }
 
-    /// Charge every touched client its pending decode tokens and re-key it.
-    ///
-    /// When a decode touches a large share of the backlogged clients (a big
-    /// batch over few clients), re-keying each with its own sift costs more
-    /// than one O(C) rebuild: every client gets about the same charge in no
-    /// particular order, so each sift sinks past siblings not yet charged.
+    /*
+     * charge_touched: charge every touched client its pending decode tokens.
+     *
+     * Its heap keys are left stale (a lower bound: the charge is >= 0) and
+     * only each band's top is freshened (`select`): an engine step charges
+     * every running client, most of them far from the top, and a sift per
+     * client per step was most of a decode's cost. A stale key is re-keyed
+     * when it reaches a top, at most once per deferred charge.
+     *
+     * When a decode touches a large share of the backlogged clients (a big
+     * batch over few clients), their keys are all set and the heap rebuilt
+     * in O(C): freshening the tops would then sift nearly every one of them.
+     */
     pub(super) fn charge_touched(&mut self) {
         let cost = self.cost;
         let touched = std::mem::take(&mut self.touched);
@@ -65,14 +72,15 @@ impl Scheduler {
                         .set_key_unordered(e, key, &self.entities[..]);
                     e = self.entities[e as usize].next;
                 }
-            } else if rekey {
-                self.adjust(c);
             }
         }
         if bulk {
             for &b in &self.order {
                 self.bands[b as usize].heap.rebuild(&mut self.entities[..]);
             }
+        }
+        if rekey && !touched.is_empty() {
+            self.freshen_tops();
         }
         self.touched = touched;
         self.touched.clear();

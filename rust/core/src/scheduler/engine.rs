@@ -381,7 +381,7 @@ impl Scheduler {
         if first {
             self.bands[b].heap.push(e, key, &mut self.entities[..]);
         } else {
-            self.bands[b].heap.update(e, key, &mut self.entities[..]);
+            self.rekey_entity(b, e, key);
         }
     }
 

@@ -54,11 +54,17 @@ impl Scheduler {
                 "client {c}: entity {e} is not its own or has no band"
             ));
         }
-        if en.heap_pos == NOT_IN_HEAP
-            || self.bands[en.band as usize].heap.key_at(en.heap_pos) != self.key_of(e)
-        {
+        // a key may be stale (select): never above the true key, and its seq the head's
+        let held = (en.heap_pos != NOT_IN_HEAP).then(|| band.heap.key_at(en.heap_pos));
+        let key = self.key_of(e);
+        if held.is_none_or(|h| h.seq != key.seq || h.counter > key.counter) {
             return Err(format!(
-                "client {c}: entity {e} out of its heap or stale key"
+                "client {c}: entity {e} out of its heap or its key past the true one"
+            ));
+        }
+        if band.heap.top().map(|(t, _)| t) == Some(e) && held != Some(key) {
+            return Err(format!(
+                "client {c}: entity {e} tops its band with a stale key"
             ));
         }
         let live: Vec<&QueueEntry> = en.queue.iter().filter(|q| self.entry_live(q)).collect();

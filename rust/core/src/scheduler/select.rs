@@ -7,6 +7,15 @@
 //! only while a request waits in it. The next entity is the least key of
 //! the most urgent band, or under weighted bands of the band with the least
 //! band counter.
+//!
+//! A decode's charges may leave an entity's heap key *stale*: its counter
+//! below the client's, its seq the head's (see `charge_touched`). Counters
+//! only grow there, so a stale key is a lower bound and the heap, ordered by
+//! the keys it holds, still has every entity at or after its ancestors'
+//! true keys. Each band's top is kept fresh (`freshen_top`, after every
+//! change that can bring another entity to the top), and a fresh top whose
+//! every rival is at or past it is the least true key: so `top_entity`,
+//! `least_backlogged` and `lift` read tops as before.
 
 use super::request::Slot;
 use super::{Policy, Scheduler};
@@ -29,6 +38,43 @@ impl Scheduler {
         }
     }
 
+    /*
+     * freshen_top: band `b`'s top entity holds its true key. While the top's
+     * key is stale (its client's counter has grown past it), re-key it:
+     * it sinks, and the next least key comes up. Each re-key makes one
+     * stale key fresh, so the loop ends; over a run it re-keys at most once
+     * per charge it deferred.
+     */
+    #[inline]
+    pub(super) fn freshen_top(&mut self, b: usize) {
+        while let Some((e, key)) = self.bands[b].heap.top() {
+            let fresh = self.key_of(e);
+            if !key.less(&fresh) {
+                return;
+            }
+            self.bands[b].heap.update(e, fresh, &mut self.entities[..]);
+        }
+    }
+
+    /// [`freshen_top`](Self::freshen_top) for every live band.
+    pub(super) fn freshen_tops(&mut self) {
+        for i in 0..self.order.len() {
+            let b = self.order[i] as usize;
+            self.freshen_top(b);
+        }
+    }
+
+    /// Re-key entity `e` in band `b`'s heap to `key` (its true key), keeping
+    /// the band's top fresh.
+    #[inline(always)]
+    pub(super) fn rekey_entity(&mut self, b: usize, e: u32, key: Key) {
+        let was_top = self.bands[b].heap.top().map(|(t, _)| t) == Some(e);
+        self.bands[b].heap.update(e, key, &mut self.entities[..]);
+        if was_top {
+            self.freshen_top(b); // (it may have sunk below a stale key)
+        }
+    }
+
     /// Restore entity `e`'s heap position after its head or counter changed.
     #[inline(always)]
     pub(super) fn adjust_entity(&mut self, e: u32) {
@@ -36,7 +82,7 @@ impl Scheduler {
         if en.heap_pos != NOT_IN_HEAP {
             let b = en.band as usize;
             let key = self.key_of(e);
-            self.bands[b].heap.update(e, key, &mut self.entities[..]);
+            self.rekey_entity(b, e, key);
         }
     }
 
@@ -55,10 +101,7 @@ impl Scheduler {
             let en = &self.entities[e as usize];
             let (pos, b, seq, next) = (en.heap_pos, en.band, en.head_seq, en.next);
             if pos != NOT_IN_HEAP {
-                let key = Key { counter, seq };
-                self.bands[b as usize]
-                    .heap
-                    .update(e, key, &mut self.entities[..]);
+                self.rekey_entity(b as usize, e, Key { counter, seq });
             }
             e = next;
         }
@@ -147,6 +190,7 @@ impl Scheduler {
             self.bands[b as usize]
                 .heap
                 .remove(e, &mut self.entities[..]);
+            self.freshen_top(b as usize);
         }
         let next = self.entities[e as usize].next;
         let head = self.clients[c as usize].entities;

@@ -98,6 +98,8 @@ impl Scheduler {
         let edge = self.key_of(e0).counter + self.locality_quantum;
         let mut window = std::mem::take(&mut self.window);
         self.bands[b].heap.collect_within(edge, &mut window);
+        // (by the keys the heap holds, a superset: a stale key is lower than its true one)
+        window.retain(|&e| self.key_of(e).counter <= edge);
         let chosen = if window.len() <= 1 && self.depth_of(e0) <= 1 {
             Ok(Pick { e: e0, pos: 0 })
         } else {
