@@ -314,7 +314,8 @@ def test_numpy_batch_decode_matches_list_form():
 )
 def test_large_batches_over_many_clients_match_reference(kwargs):
     """Big decode calls touching most backlogged clients (the core re-keys
-    them in bulk there) must still decide exactly like the reference."""
+    them in bulk when it charges every one, else leaves their keys stale) must
+    still decide exactly like the reference."""
     rng = random.Random(5)
     if kwargs.get("cost"):
         fast = vtc.Scheduler(4000, **kwargs)

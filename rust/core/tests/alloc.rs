@@ -89,9 +89,10 @@ fn loaded(cost: Cost, clients: usize, per_client: usize, budget: i64) -> (Schedu
 
 #[test]
 fn decode_of_a_running_batch_allocates_nothing() {
-    // Few clients (per-client re-key) and many clients each with one running
-    // request (the bulk re-key path: most of the heap is touched).
-    for (clients, per_client, budget) in [(8, 200, 20_000), (2_000, 2, 200_000)] {
+    // Few clients (the tops freshened), many clients most with one running
+    // request (keys left stale), and every backlogged client running (the
+    // bulk re-key path: every key set, the heaps rebuilt).
+    for (clients, per_client, budget) in [(8, 200, 20_000), (2_000, 2, 200_000), (64, 4, 12_000)] {
         for cost in every_cost() {
             let (mut s, running) = loaded(cost, clients, per_client, budget);
             let counts: Vec<i64> = (0..running.len()).map(|i| 1 + (i % 3) as i64).collect();

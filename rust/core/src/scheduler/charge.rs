@@ -43,16 +43,19 @@ impl Scheduler {
      * client per step was most of a decode's cost. A stale key is re-keyed
      * when it reaches a top, at most once per deferred charge.
      *
-     * When a decode touches a large share of the backlogged clients (a big
-     * batch over few clients), their keys are all set and the heap rebuilt
-     * in O(C): freshening the tops would then sift nearly every one of them.
+     * When a decode charges as many clients as there are entities in the
+     * heaps (a big batch over few clients, every one running), their keys
+     * are all set and the heaps rebuilt in O(C): every key is then stale by
+     * about the same charge, and freshening the tops would sift nearly every
+     * one of them. Below that, leaving keys stale costs less than the
+     * rebuild (optimisation 34 in bench/README.md).
      */
     pub(super) fn charge_touched(&mut self) {
         let cost = self.cost;
         let touched = std::mem::take(&mut self.touched);
         let rekey = self.policy != Policy::Fcfs;
         let in_heaps = self.entities.len() - self.free_entities.len();
-        let bulk = rekey && touched.len() >= 32 && touched.len() * 4 >= in_heaps;
+        let bulk = rekey && touched.len() >= 32 && touched.len() >= in_heaps;
         for &c in &touched {
             let cl = &mut self.clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
