@@ -16,7 +16,8 @@ impl Scheduler {
     ///
     /// Both the counter and the delivered service grow by the same amount;
     /// `amount` is `(w * tokens) * inv_w >= 0`, so counters never decrease.
-    /// The caller re-keys the client (`adjust`) once it is done charging.
+    /// The caller re-keys the client (`adjust`) once it is done charging, or
+    /// leaves its heap keys stale (`charge_touched`: a decode's charges).
     ///
     /// A refund credit (length prediction) is absorbed first: the charge is
     /// reduced by up to `credit`, never below 0.

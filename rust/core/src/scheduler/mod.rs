@@ -6,7 +6,8 @@
 //! submit   -> lift -> client FIFO; client joins the heap if it was idle
 //! schedule -> least-key backlogged client -> fits in M? no: stop (no skipping)
 //!                                                   yes: charge prefill, run it, re-key client
-//! decode   -> charge: charge each client for its tokens, grow occupancy, re-key
+//! decode   -> charge: charge each client for its tokens, grow occupancy; keys left
+//!             stale below each band's fresh top (select.rs)
 //! finish   -> release prompt + generated tokens from occupancy
 //! ```
 //!
