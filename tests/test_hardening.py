@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections.abc
 import math
+import sys
 import types
 from decimal import Decimal
 from fractions import Fraction
@@ -575,6 +576,61 @@ def test_list_ids_past_i64_are_charged_as_a_tuple_or_an_array_of_them_is(cls):
             s.decode([2**63, 2**64], 1)
         assert [s.generated(r) for r in rids] == seen[-1]
     assert seen[0] == seen[1] == seen[2] and sum(seen[0]) == 30
+
+
+def test_lists_are_read_in_place_where_the_layout_is_known():
+    """The batch readers take an exact list's items from its own array on the
+    CPython versions whose list layout is known, after a probe at import
+    agreed with the API; anywhere else through the API."""
+    known = sys.implementation.name == "cpython" and (3, 10) <= sys.version_info[:2] <= (3, 14)
+    assert vtc._core._LISTS_IN_PLACE is known
+
+
+@pytest.mark.parametrize("cls", BOTH)
+def test_empty_shrunk_and_grown_lists_are_read_to_their_length(cls):
+    """Lists read in place at their own length: empty (a list with no item
+    array), shrunk (stale room past the end), grown past a reallocation; the
+    ids, the per-request tokens and the sampled token lists alike."""
+    s = cls(10_000)
+    for rid in range(6):
+        s.submit(rid, f"t{rid}", 5)
+    while s.schedule():
+        pass
+    s.decode([], 1)
+    s.decode([], [])
+    assert [s.generated(r) for r in range(6)] == [0] * 6
+    ids, toks = [0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6]
+    del ids[3:], toks[3:]  # room for six left past the length of three
+    s.decode(ids, toks)
+    assert [s.generated(r) for r in range(6)] == [1, 2, 3, 0, 0, 0]
+    ids.extend(range(3, 6))
+    toks = [t for t in range(1, 4)] + [7] * 3
+    s.decode(ids, toks)
+    assert [s.generated(r) for r in range(6)] == [2, 4, 6, 7, 7, 7]
+
+
+def test_sampled_token_lists_are_read_to_their_length():
+    """`decode_uniform(..., tokens_attr=None)` reads a list of token lists in
+    place at its length: shrunk (stale room past the end), one list that
+    differs, an empty list; it charges what `decode_all` would."""
+    s, twin = vtc.Scheduler(10_000), vtc.Scheduler(10_000)
+    for t in (s, twin):
+        for rid in range(6):
+            t.submit(rid, f"t{rid}", 5)
+        while t.schedule():
+            pass
+    sampled = [[9, 9] for _ in range(8)]
+    del sampled[6:]
+    assert s.decode_uniform(sampled, tokens_attr=None) is True
+    twin.decode_all(2)
+    assert [s.generated(r) for r in range(6)] == [2] * 6
+    sampled[2] = [9]
+    assert s.decode_uniform(sampled, tokens_attr=None) is False
+    del sampled[5:]
+    assert s.decode_uniform(sampled, tokens_attr=None) is False  # 5 of 6 running
+    assert s.decode_uniform([], tokens_attr=None) is False
+    assert [s.generated(r) for r in range(6)] == [2] * 6
+    assert s.counters() == twin.counters()
 
 
 def test_a_reentrant_call_inside_index_raises_its_own_error():

@@ -19,6 +19,7 @@ MAX_WEIGHT: float  # the largest client weight (1e6)
 MAX_COUNTER: float  # the largest magnitude raise_counter accepts (1e30)
 SNAPSHOT_VERSION: int  # the format snapshot() writes (2); from_snapshot also reads 1
 CHANGE_READERS: int  # reader slots of Scheduler.changes (4): independent cursors
+_LISTS_IN_PLACE: bool  # lists read from their item array (layout checked at import)
 
 def key_id(key: Hashable, /) -> int:
     """The request id ``decode_outputs(..., missing="hash")`` gives ``key``:

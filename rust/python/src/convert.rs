@@ -3,6 +3,8 @@
 //! numpy integer dtype is read). The values themselves are the core's to
 //! check.
 
+use std::ops::ControlFlow;
+
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
@@ -10,6 +12,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyMapping, PyTuple};
 use vtc_core::{ClientCap, CoreError};
 
 use crate::errors::{invalid, Error, Result};
+use crate::items::try_for_each_item;
 use crate::PyScheduler;
 
 /// Whether the type of `obj` defines the special method `name` (an
@@ -271,27 +274,28 @@ impl Read {
     /// list, the items left are copied (references of our own) and read
     /// through [`push`](Self::push).
     fn read_list(&mut self, what: &str, list: &Bound<'_, PyList>) {
-        let n = list.len();
-        for i in 0..n {
-            // SAFETY: the GIL is held, `i` is below the list's length and no
-            // Python code has run since it was read, so the item exists; the
-            // borrowed pointer is only read before any Python code can run.
-            let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-            if !p.is_null() {
-                // SAFETY: `p` is live (above)
-                if let Some(v) = unsafe { exact_int_at(list.py(), p) } {
+        let py = list.py();
+        let read = |i, p| {
+            // SAFETY: `p` is a live item of the list
+            match unsafe { exact_int_at(py, p) } {
+                Some(v) => {
                     self.vals.push(v);
                     self.len += 1;
-                    continue;
+                    ControlFlow::Continue(())
                 }
+                None => ControlFlow::Break(i),
             }
+        };
+        // SAFETY: `read` runs no Python code (`exact_int_at` runs none)
+        let stop = unsafe { try_for_each_item(list, read) };
+        if let ControlFlow::Break(i) = stop {
             // the items left, held before any of them runs Python code
-            let rest: Vec<Bound<'_, PyAny>> =
-                (i..n).filter_map(|j| list.get_item(j).ok()).collect();
+            let rest: Vec<Bound<'_, PyAny>> = (i..list.len())
+                .filter_map(|j| list.get_item(j).ok())
+                .collect();
             for item in &rest {
                 self.push(what, item);
             }
-            return;
         }
     }
 
@@ -344,35 +348,32 @@ pub(crate) fn read_exact_ints<T>(
     conv: impl Fn(i64) -> Option<T>,
 ) -> bool {
     out.clear();
-    let n = list.len();
-    out.reserve(n);
-    for i in 0..n {
-        // SAFETY: the GIL is held, `i` is below the list's length and no
-        // Python code runs in this loop, so the item exists and the borrowed
-        // pointer stays valid while it is read.
-        let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-        if p.is_null() {
-            drop(PyErr::take(list.py())); // cannot happen (see above); leave no error set
-            return false;
-        }
-        // SAFETY: `p` is a live object (above)
+    out.reserve(list.len());
+    let py = list.py();
+    let read = |_, p| {
+        // SAFETY: `p` is a live item of the list
         if unsafe { pyo3::ffi::PyLong_CheckExact(p) } == 0 {
-            return false;
+            return ControlFlow::Break(());
         }
         // SAFETY: `p` is a live exact int (above). For an exact int this
         // runs no Python code; one out of range raises OverflowError and
-        // returns -1. A -1 (an error or the int -1, never a valid id) is left
-        // to the general path, which reads it again.
+        // returns -1. A -1 (an error or the int -1, never a valid id) is
+        // left to the general path, which reads it again.
         let v = unsafe { pyo3::ffi::PyLong_AsSsize_t(p) } as i64;
         match conv(v) {
-            Some(x) if v != -1 => out.push(x),
+            Some(x) if v != -1 => {
+                out.push(x);
+                ControlFlow::Continue(())
+            }
             _ => {
-                drop(PyErr::take(list.py())); // the OverflowError, if any
-                return false;
+                drop(PyErr::take(py)); // the OverflowError, if any
+                ControlFlow::Break(())
             }
         }
-    }
-    true
+    };
+    // SAFETY: `read` runs no Python code (see above)
+    let stop = unsafe { try_for_each_item(list, read) };
+    stop.is_continue()
 }
 
 /// The real length of a batch argument whose length can be trusted: an exact

@@ -22,6 +22,7 @@ mod costs;
 mod engine;
 mod errors;
 mod fairness;
+mod items;
 mod keys;
 mod ledger;
 mod lookup;
@@ -454,6 +455,7 @@ impl PyScheduler {
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    items::check_layout(py)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyScheduler>()?;
     m.add_class::<PyLinearCost>()?;
@@ -476,6 +478,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let ty = errors::exception_type(py, kind)?;
         m.add(ty.name()?.to_string().as_str(), ty)?;
     }
+    m.setattr("_LISTS_IN_PLACE", items::in_place())?; // private: not in __all__
     m.add("MAX_TOKENS_PER_CALL", vtc_core::MAX_TOKENS_PER_CALL)?;
     m.add("CHANGE_READERS", vtc_core::READERS)?;
     m.add("MAX_BUDGET", vtc_core::MAX_BUDGET)?;

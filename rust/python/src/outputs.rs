@@ -4,12 +4,15 @@
 //! happens here, before the caller takes the lock. Also `key_id`, the
 //! request id `missing="hash"` gives a key.
 
+use std::ops::ControlFlow;
+
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyList, PyString, PyTuple};
 
 use crate::convert::{has_special, i64_arg, repr, request_id_arg, type_error};
 use crate::errors::{invalid, Error, Kind, Result};
+use crate::items::{list_len, try_for_each_item};
 
 /// The request id `Scheduler.decode_outputs(..., missing="hash")` gives a key
 /// its request id mapping does not hold: `hash(key) % 2**64`. An engine that
@@ -182,29 +185,27 @@ fn output_attr<'py>(
 /// is read. A step's sampled lists are read once each with caches cold
 /// (bench/README.md, optimisation 26): no refcount writes, no iterator.
 fn uniform_list_lens(list: &Bound<'_, PyList>) -> Option<Option<(usize, i64)>> {
-    let n = list.len();
-    let mut first: Option<isize> = None;
-    for i in 0..n {
-        // SAFETY: the GIL is held, `i` is below the list's length and no
-        // Python code runs in this loop, so the borrowed item stays valid.
-        let p = unsafe { pyo3::ffi::PyList_GetItem(list.as_ptr(), i as pyo3::ffi::Py_ssize_t) };
-        if p.is_null() {
-            drop(PyErr::take(list.py())); // (cannot happen, see above)
-            return None;
-        }
-        // SAFETY: `p` is a live object (borrowed, above)
+    let mut first: Option<usize> = None;
+    let read = |_, p| {
+        // SAFETY: `p` is a live item of the list
         if unsafe { pyo3::ffi::PyList_CheckExact(p) } == 0 {
-            return None;
+            return ControlFlow::Break(None);
         }
         // SAFETY: `p` is a live exact list (above)
-        let len = unsafe { pyo3::ffi::PyList_Size(p) };
+        let len = unsafe { list_len(p) };
         match first {
             None => first = Some(len),
-            Some(t) if t != len => return Some(None),
+            Some(t) if t != len => return ControlFlow::Break(Some(None)),
             Some(_) => {}
         }
+        ControlFlow::Continue(())
+    };
+    // SAFETY: `read` runs no Python code
+    let stop = unsafe { try_for_each_item(list, read) };
+    match stop {
+        ControlFlow::Break(answer) => answer,
+        ControlFlow::Continue(()) => Some(first.map(|t| (list.len(), t as i64))),
     }
-    Some(first.map(|t| (n, t as i64)))
 }
 
 /// The number of tokens every output object in `outputs` holds, if it is
