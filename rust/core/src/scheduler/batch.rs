@@ -6,7 +6,7 @@
 //! and preemption evicts from the least urgent band, the most-served client
 //! first, the latest admission among equals.
 
-use super::{Policy, PrefixLookup, Scheduler};
+use super::{Policy, PrefixLookup, Scheduler, Tokens};
 use crate::band::NO_ENTITY;
 use crate::error::{CoreError, Result};
 
@@ -136,27 +136,10 @@ impl Scheduler {
         if self.occupancy + n as u128 > u128::from(self.budget) {
             self.preempt_for_growth(preempted)?;
         }
-        let keep = self.running.len();
-        let uniform = self.uniform;
-        for i in 0..keep {
-            let s = self.running[i];
-            let r = &mut self.requests[s as usize];
-            let before = r.running_generated(uniform);
-            let (c, prompt, pred) = (r.client, r.prompt, r.predicted);
-            r.gen = r.gen.wrapping_add(1);
-            self.add_pending(c, prompt, before, 1, pred);
-        }
-        if let Some(sh) = &mut self.shares {
-            // a pass of its own: strict bands keep the loop above free of it
-            for &s in &self.running {
-                let r = &self.requests[s as usize];
-                sh.add_tokens(r.priority, r.prompt, r.running_generated(uniform) - 1, 1);
-            }
-        }
-        self.occupancy += keep as u128;
-        self.gen_hi = self.gen_hi.saturating_add(1);
-        self.charge_touched();
-        self.charge_bands();
+        // one token for each request left: the engine form's charge
+        let running = std::mem::take(&mut self.running);
+        self.apply_decode(&running, Tokens::Each(1));
+        self.running = running;
         Ok(())
     }
 

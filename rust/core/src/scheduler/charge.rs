@@ -8,6 +8,7 @@
 
 use super::{Policy, Predictor, Scheduler};
 use crate::band::NO_ENTITY;
+use crate::client::Client;
 use crate::cost::{Cost, Pending};
 
 impl Scheduler {
@@ -23,15 +24,7 @@ impl Scheduler {
     /// reduced by up to `credit`, never below 0.
     #[inline(always)]
     pub(super) fn charge(&mut self, c: u32, weighted_tokens: f64) {
-        let cl = &mut self.clients[c as usize];
-        let mut amount = weighted_tokens * cl.inv_w;
-        if cl.credit > 0.0 {
-            let used = cl.credit.min(amount);
-            amount -= used;
-            cl.credit -= used;
-        }
-        cl.counter += amount;
-        cl.service += amount;
+        charge_client(&mut self.clients[c as usize], weighted_tokens);
         self.changes.touch(c);
     }
 
@@ -57,16 +50,21 @@ impl Scheduler {
         let rekey = self.policy != Policy::Fcfs;
         let in_heaps = self.entities.len() - self.free_entities.len();
         let bulk = rekey && touched.len() >= 32 && touched.len() >= in_heaps;
+        // the fields the loop writes, borrowed apart (kept in registers)
+        let (clients, changes, extra) = (&mut self.clients[..], &mut self.changes, &mut self.extra);
         for &c in &touched {
-            let cl = &mut self.clients[c as usize];
+            let cl = &mut clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
             cl.decode_tokens = cl.decode_tokens.saturating_add(t);
             let amount = match cost {
                 Cost::Linear { wq, .. } => wq * t as f64,
-                _ => cost.decode(&std::mem::take(&mut self.extra[c as usize])),
+                _ => cost.decode(&std::mem::take(&mut extra[c as usize])),
             };
-            self.charge(c, amount);
-            if bulk {
+            charge_client(cl, amount);
+            changes.touch(c);
+        }
+        if bulk {
+            for &c in &touched {
                 let mut e = self.clients[c as usize].entities;
                 while e != NO_ENTITY {
                     let key = self.key_of(e);
@@ -95,46 +93,6 @@ impl Scheduler {
     pub(super) fn charge_bands(&mut self) {
         if let Some(sh) = &mut self.shares {
             sh.charge_touched(&self.cost);
-        }
-    }
-
-    /// Record that a request of client `c` with prompt `prompt`, having
-    /// generated `before` tokens and with `predicted` tokens pre-charged,
-    /// generated `tokens > 0` more; only the tokens beyond the prediction
-    /// are charged.
-    #[inline(always)]
-    pub(super) fn add_pending(
-        &mut self,
-        c: u32,
-        prompt: u64,
-        before: u64,
-        tokens: u64,
-        predicted: u64,
-    ) {
-        let linear = self.cost.is_linear();
-        let cl = &mut self.clients[c as usize];
-        cl.occupancy += u128::from(tokens);
-        let (before, tokens) = if predicted > before {
-            let end = before + tokens;
-            if end >= predicted {
-                self.n_predicting -= 1; // the prediction is used up now
-            }
-            if end <= predicted {
-                return;
-            }
-            (predicted, end - predicted)
-        } else {
-            (before, tokens)
-        };
-        if cl.pending_tokens == 0 {
-            self.touched.push(c);
-        }
-        cl.pending_tokens += tokens;
-        if !linear {
-            if self.extra.len() <= c as usize {
-                self.extra.resize(self.clients.len(), Pending::default());
-            }
-            self.extra[c as usize].add(prompt, before, tokens);
         }
     }
 
@@ -175,6 +133,66 @@ impl Scheduler {
                 Some(mean) => mean + (g as f64 - mean) * 0.125,
                 None => g as f64,
             });
+        }
+    }
+}
+
+/// [`Scheduler::charge`] of one client's record: `weighted_tokens * inv_w`,
+/// less the refund credit it absorbs first, added to its counter and its
+/// delivered service.
+#[inline(always)]
+fn charge_client(cl: &mut Client, weighted_tokens: f64) {
+    let mut amount = weighted_tokens * cl.inv_w;
+    if cl.credit > 0.0 {
+        let used = cl.credit.min(amount);
+        amount -= used;
+        cl.credit -= used;
+    }
+    cl.counter += amount;
+    cl.service += amount;
+}
+
+/// What a decode call's tokens accrue before `charge_touched` charges them:
+/// the scheduler's fields that record them, borrowed apart from the rest so
+/// that a loop over a batch keeps them in registers.
+pub(super) struct Accrual<'a> {
+    pub(super) clients: &'a mut [Client],
+    pub(super) touched: &'a mut Vec<u32>,
+    pub(super) extra: &'a mut Vec<Pending>,
+    pub(super) n_predicting: &'a mut usize,
+    pub(super) linear: bool,
+}
+
+impl Accrual<'_> {
+    /// Record that a request of client `c` with prompt `prompt`, having
+    /// generated `before` tokens and with `predicted` tokens pre-charged,
+    /// generated `tokens > 0` more; only the tokens beyond the prediction
+    /// are charged.
+    #[inline(always)]
+    pub(super) fn add(&mut self, c: u32, prompt: u64, before: u64, tokens: u64, predicted: u64) {
+        let cl = &mut self.clients[c as usize];
+        cl.occupancy += u128::from(tokens);
+        let (before, tokens) = if predicted > before {
+            let end = before + tokens;
+            if end >= predicted {
+                *self.n_predicting -= 1; // the prediction is used up now
+            }
+            if end <= predicted {
+                return;
+            }
+            (predicted, end - predicted)
+        } else {
+            (before, tokens)
+        };
+        if cl.pending_tokens == 0 {
+            self.touched.push(c);
+        }
+        cl.pending_tokens += tokens;
+        if !self.linear {
+            if self.extra.len() <= c as usize {
+                self.extra.resize(self.clients.len(), Pending::default());
+            }
+            self.extra[c as usize].add(prompt, before, tokens);
         }
     }
 }

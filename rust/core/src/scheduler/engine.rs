@@ -7,6 +7,7 @@
 //! `occupancy` is the sum of the running requests' footprints and `running`
 //! is in admission order.
 
+use super::charge::Accrual;
 use super::request::Slot;
 use super::window::Pick;
 use super::{Predictor, PrefixLookup, Scheduler, Tokens};
@@ -286,15 +287,24 @@ impl Scheduler {
     fn apply_slots(&mut self, slots: &[u32], tok: impl Fn(usize) -> u64) -> u128 {
         let mut total = 0u128;
         let uniform = self.uniform;
+        // the fields the loop writes, borrowed apart (kept in registers)
+        let requests = &mut self.requests[..];
+        let mut acc = Accrual {
+            clients: &mut self.clients[..],
+            touched: &mut self.touched,
+            extra: &mut self.extra,
+            n_predicting: &mut self.n_predicting,
+            linear: self.cost.is_linear(),
+        };
         for (i, &s) in slots.iter().enumerate() {
             let t = tok(i);
-            let r = &mut self.requests[s as usize];
+            let r = &mut requests[s as usize];
             let before = r.running_generated(uniform);
             let (c, prompt, pred) = (r.client, r.prompt, r.predicted);
             r.gen = r.gen.wrapping_add(t);
             total += u128::from(t);
             if t > 0 {
-                self.add_pending(c, prompt, before, t, pred);
+                acc.add(c, prompt, before, t, pred);
             }
         }
         total
