@@ -335,6 +335,13 @@ PRECEDENCE = [
     ([0, 0], [2**40, 1]),
     ([1], [1.5]),
     ([1, 0], [1, 2**64]),
+    # the core's checks by position: a token count or a duplicate before an id
+    # that is not running, and an id that is not running before them
+    ([0, 999], [-1, 1]),
+    ([0, 1, 999], [1, 2**40, 1]),
+    ([0, 0, 999], [1, 1, 1]),
+    ([999, 0], [1, -1]),
+    ([1, 999, 1], [1, 1, 1]),
     ((0, 1), (1, 2)),
     ("iter", [0, 1], [1]),
     ("iter", [0, 1], [1, 2, 3]),

@@ -224,27 +224,32 @@ impl Scheduler {
         let near_limit = self.gen_hi + MAX_TOKENS_PER_CALL > MAX_REQUEST_TOKENS;
         let mut slots = std::mem::take(&mut self.slots);
         slots.clear();
+        // two passes, each with few live values (registers, not spills): the
+        // slots up to the first id that is not running, then each position's
+        // own checks up to there; an error of the second pass comes first,
+        // since its position is before the first pass's
         let mut result = Ok(());
-        for (i, &rid) in rids.iter().enumerate() {
-            let s = match self.running_slot(rid, Op::Decode) {
-                Ok(s) => s,
+        for &rid in rids {
+            match self.running_slot(rid, Op::Decode) {
+                Ok(s) => slots.push(s),
                 Err(e) => {
                     result = Err(e);
                     break;
                 }
-            };
-            slots.push(s);
+            }
+        }
+        for (i, &s) in slots.iter().enumerate() {
             let r = &mut self.requests[s as usize];
             let t = tok(i);
             let err = if r.decode_epoch == epoch {
-                Some(CoreError::DuplicateInBatch(rid))
+                Some(CoreError::DuplicateInBatch(r.rid))
             } else if t < 0 {
                 Some(CoreError::NegativeTokens(t))
             } else if t as u64 > MAX_TOKENS_PER_CALL {
                 Some(CoreError::TooManyTokens(t as u64))
             } else if near_limit && r.running_generated(uniform) + t as u64 > MAX_REQUEST_TOKENS {
                 Some(CoreError::RequestTooLong {
-                    request_id: rid,
+                    request_id: r.rid,
                     tokens: u128::from(r.running_generated(uniform)) + t as u128,
                 })
             } else {
