@@ -75,8 +75,6 @@ impl Scheduler {
                     e = self.entities[e as usize].next;
                 }
             }
-        }
-        if bulk {
             for &b in &self.order {
                 self.bands[b as usize].heap.rebuild(&mut self.entities[..]);
             }
