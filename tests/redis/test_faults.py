@@ -93,6 +93,48 @@ def test_after_data_loss_an_arrival_is_lifted_to_the_tenants_waiting_all_along(r
     assert sh0.store.backlog() == {"B": 700.0, "C": 50.0, "D": 50.0}
 
 
+@pytest.mark.parametrize("first", ["r0", "r1"])
+def test_a_tenant_lifted_while_redis_is_down_keeps_the_lift_and_its_service_once(
+    redis_server, first
+):
+    """Redis is killed (not flushed) with A and B served; during the outage A goes idle on
+    r0 and returns while B waits there, so r0's local VTC lifts A to B's counter. After
+    the restart the store holds A's local counter (the lift plus A's service since, each
+    once) and B's service from both replicas once, whichever replica reconciles first."""
+    s0, s1 = vtc.Scheduler(1 << 16), vtc.Scheduler(1 << 16)
+    sh0, sh1 = shared(redis_server, "r0", s0), shared(redis_server, "r1", s1)
+    assert sh0.sync(s0, ["A", "B"]) and sh1.sync(s1, ["B"])
+    serve_all(s0, {"A": 400, "B": 400})
+    serve(s1, "B", 3000)
+    for _ in range(2):  # each replica hears the other's service of its waiting tenants
+        assert sh0.sync(s0, ["A", "B"]) and sh1.sync(s1, ["B"])
+    assert sh0.store.counters() == {"A": 400.0, "B": 3400.0}
+    assert s0.counter("B") == 3400.0
+    redis_server.kill()
+    b = next(_rid)
+    s0.submit(b, "B", 100)  # B waits on r0
+    assert not sh0.sync(s0, ["B"]) and not sh1.sync(s1, [])
+    assert sh0.degraded and sh1.degraded
+    a = next(_rid)
+    s0.submit(a, "A", 50)  # A returns: lifted to the floor of r0's backlog, B's counter
+    assert s0.counter("A") == 3400.0 and s0.service("A") == 400.0
+    s0.schedule()
+    s0.finish(a)
+    s0.finish(b)
+    serve(s1, "B", 500)
+    redis_server.start()  # same port, no data
+    order = [(sh0, s0), (sh1, s1)]
+    if first == "r1":
+        order.reverse()
+    for _ in range(2):
+        for sh, s in order:
+            assert sh.sync(s, [])
+    assert not sh0.degraded and not sh1.degraded
+    # A: its lift and its 50 tokens, once; never its 400 before the kill again
+    assert sh0.store.counters() == {"A": 3450.0, "B": 4000.0}
+    assert s0.counter("A") == 3450.0
+
+
 # -- 2. forgetting idle tenants ------------------------------------------------------------
 def _forgettable(s: vtc.Scheduler, sh: D.SharedCounters, x_tokens: int) -> None:
     """X served ``x_tokens``, synced, then idle below the floor: forget_idle drops it."""

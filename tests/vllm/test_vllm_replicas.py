@@ -448,9 +448,15 @@ def test_shared_counters_give_pinned_tenant_its_max_min_share_and_survive_redis_
         assert "shared counters reachable again; state reconciled" in log, i
     # The counters reconciled: restored to at least the service before the kill
     # (the replicas' hints; what they pushed after the restart is far less), never
-    # more than the counter before the kill plus the service received since and
-    # the lifts at arrival.
-    for t, c in shared["reconciled"].items():
+    # more than the counter it had, or was lifted to, plus the service received
+    # since and the lifts at arrival. A tenant that went idle on a replica during
+    # the outage (a gap between a pair's HTTP requests) is lifted there to the other
+    # tenant's counter, at most that tenant's reconciled counter; the exact count
+    # through such a lift: tests/redis/test_faults.py (lifted while Redis is down).
+    reconciled = shared["reconciled"]
+    for t, c in reconciled.items():
         assert c["service_before_kill"] <= c["counter"], (t, c)
         since = c["service_after"] - c["service_before_kill"]
-        assert c["counter"] <= c["counter_before_kill"] + since + LIFT_SLACK, (t, c)
+        others = max(o["counter"] for u, o in reconciled.items() if u != t)
+        start = max(c["counter_before_kill"], others)
+        assert c["counter"] <= start + since + LIFT_SLACK, (t, reconciled)
