@@ -223,21 +223,31 @@ impl Scheduler {
         // no running request is near the limit: no count in range can pass it
         let near_limit = self.gen_hi + MAX_TOKENS_PER_CALL > MAX_REQUEST_TOKENS;
         let mut slots = std::mem::take(&mut self.slots);
+        // one slot per id, written in place (no capacity check per id), cut
+        // back to the ids found if one is not running
         slots.clear();
+        slots.resize(rids.len(), 0);
         // two passes, each with few live values (registers, not spills): the
         // slots up to the first id that is not running, then each position's
         // own checks up to there; an error of the second pass comes first,
         // since its position is before the first pass's
         let mut result = Ok(());
-        for &rid in rids {
+        for (i, (dst, &rid)) in slots.iter_mut().zip(rids).enumerate() {
             match self.running_slot(rid, Op::Decode) {
-                Ok(s) => slots.push(s),
+                Ok(s) => *dst = s,
                 Err(e) => {
-                    result = Err(e);
+                    result = Err((i, e));
                     break;
                 }
             }
         }
+        let mut result = match result {
+            Ok(()) => Ok(()),
+            Err((found, e)) => {
+                slots.truncate(found);
+                Err(e)
+            }
+        };
         for (i, &s) in slots.iter().enumerate() {
             let r = &mut self.requests[s as usize];
             let t = tok(i);

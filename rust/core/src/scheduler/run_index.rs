@@ -2,7 +2,7 @@
 //! by `decode` (and by `finish`/`preempt`), so it is laid out for that probe.
 //!
 //! Open addressing with linear probing in one array of `(rid, slot)` entries
-//! (a free entry has slot [`FREE`]), at most half full: a probe hashes the
+//! (a free entry has slot [`FREE`]), under half full: a probe hashes the
 //! id (one multiply), then reads consecutive 16-byte entries, usually one,
 //! from one cache line. (hashbrown's map, used before, read a control group
 //! and then the bucket: two lines and ~3x the instructions per probe;
@@ -84,7 +84,7 @@ impl RunIndex {
     /// Add running request `rid` at `slot` (or move it there).
     pub(super) fn insert(&mut self, rid: u64, slot: u32) {
         assert!(slot != FREE, "request slot {slot} is out of range");
-        if (self.len + 1) * 2 > self.table.len() {
+        if (self.len + 1) * 2 >= self.table.len() {
             self.grow();
         }
         let mask = self.mask();
@@ -174,7 +174,7 @@ impl RunIndex {
                 i = (i + 1) & mask;
             }
         }
-        if n != self.len || self.len * 2 > self.table.len() {
+        if n != self.len || self.len * 2 >= self.table.len() {
             return Err(format!("running index: {n} entries, len {}", self.len));
         }
         Ok(())
