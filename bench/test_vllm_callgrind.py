@@ -4,6 +4,7 @@ benchmark (``make test-vllm``)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -43,3 +44,46 @@ def test_callgrind_probe_counts_only_vtc_and_changes_nothing(config: Any) -> Non
     assert len(flips) >= 10 * 2 * 4
     assert counted.admissions == plain.admissions
     assert counted.s.vtc.counters() == plain.s.vtc.counters()
+
+
+@pytest.mark.parametrize(
+    "only", ["add_request", "__bool__", "record_outputs", vllm_callgrind.SCHEDULER]
+)
+def test_callgrind_probe_counts_one_entry_point_alone(config: Any, only: str) -> None:
+    """``--only``: collection is switched on by that entry point's calls alone
+    (recorded: the method whose wrapper calls the toggle), in pairs, off between
+    steps; ``record_outputs``, which the mixin calls, is counted there too; the
+    decisions are a plain VTC engine's."""
+    callers: list[str] = []
+
+    def toggle() -> None:
+        callers.append(sys._getframe(1).f_locals["method"].__qualname__)
+
+    counted = vllm_callgrind.build_engine(toggle, config, only=only)
+    plain = vtc_engine(config)
+    for _ in range(40):  # (past the first finishes: arrivals from then on)
+        counted.step()
+        plain.step()
+    assert not callers
+    counted.counting["measure"] = True
+    for _ in range(20):
+        counted.step()
+        plain.step()
+        assert len(callers) % 2 == 0 and not counted.counting["on"]
+    if only == vllm_callgrind.SCHEDULER:
+        # the mixin's two methods, and vLLM's inside them switching collection off
+        mine = {f"_VTCMixin.{m}" for m in ("schedule", "update_from_output")}
+        expected = mine | {f"Scheduler.{m}" for m in ("schedule", "update_from_output")}
+        assert sum(c in mine for c in callers) == 20 * 2 * 2
+    else:
+        expected = {f"VTCRequestQueue.{only}"}
+        if only == "record_outputs":  # (once a step, from the mixin)
+            assert len(callers) == 20 * 2
+    assert callers and set(callers) == expected, set(callers)
+    assert counted.admissions == plain.admissions
+    assert counted.s.vtc.counters() == plain.s.vtc.counters()
+
+
+def test_callgrind_probe_refuses_an_unknown_entry_point(config: Any) -> None:
+    with pytest.raises(SystemExit, match="peek_requests"):
+        vllm_callgrind.build_engine(lambda: None, config, only="peek_requests")

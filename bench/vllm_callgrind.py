@@ -22,6 +22,13 @@ Run it in the vLLM virtualenv with the build to measure on ``PYTHONPATH``;
 (a ctypes call and a flag per edge, the same in every build): compare builds, not
 absolute values. Without valgrind the script just steps the engine (the toggles
 are no-ops), a quick check that it runs.
+
+``--only NAME`` counts one entry point alone, with what it calls (never vLLM's own
+methods): a queue method (``add_request``, ``__bool__``, ...) or ``(scheduler)``, the
+mixin's own code. The mixin calls into the queue itself (``record_outputs``,
+``settle``), so ``(scheduler)`` includes those calls, and ``--only record_outputs``
+counts them alone; the other entry points are called by vLLM, and their counts add up
+with ``(scheduler)``'s to the whole step's.
 """
 
 from __future__ import annotations
@@ -65,12 +72,17 @@ def toggle_function() -> Any:
     return toggle
 
 
-def build_engine(toggle: Any, config: Any = None) -> Any:
+#: ``--only``'s name for the scheduler mixin's own code
+SCHEDULER = "(scheduler)"
+
+
+def build_engine(toggle: Any, config: Any = None, only: str | None = None) -> Any:
     """A seeded VTC engine (``test_vllm_overhead.Engine``) whose VTC code toggles
     collection: on at each outermost queue entry point and around the mixin's own
     code, off again around vLLM's ``schedule()``/``update_from_output()`` inside.
-    ``config``: vLLM's (the bench's tiny model if None). Its ``counting`` dict's
-    ``measure`` switches the toggles on."""
+    ``config``: vLLM's (the bench's tiny model if None). ``only``: the one entry
+    point counted (a queue method's name, or :data:`SCHEDULER`), with what it
+    calls. Its ``counting`` dict's ``measure`` switches the toggles on."""
     bench = Path(__file__).resolve().parent
     sys.path[:0] = [str(bench), str(bench.parent / "tests" / "vllm")]
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -79,13 +91,19 @@ def build_engine(toggle: Any, config: Any = None) -> Any:
     import test_vllm_overhead as B
     from vtc.vllm import VTCRequestQueue, VTCScheduler
 
+    if only is not None and only != SCHEDULER and only not in B.TIMED_ENTRY_POINTS:
+        raise SystemExit(f"--only {only!r}: not {SCHEDULER} nor one of {B.TIMED_ENTRY_POINTS}")
     state = {"measure": False, "on": False}
 
-    def counted(method: Any) -> Any:
-        """``method`` with collection on while it runs, as an outermost call."""
+    def counted(method: Any, name: str) -> Any:
+        """``method`` with collection on while it runs, unless it already is. With
+        ``only``, for that entry point alone: each call of it that is not inside a
+        counted call, with what it calls (the mixin's calls into the queue too;
+        never vLLM's own methods); other entry points are not counted."""
+        mine = only is None or only == name
 
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if state["on"] or not state["measure"]:
+            if state["on"] or not mine or not state["measure"]:
                 return method(self, *args, **kwargs)
             toggle()
             state["on"] = True
@@ -120,7 +138,7 @@ def build_engine(toggle: Any, config: Any = None) -> Any:
         """The queue's entry points counted."""
 
     for name in B.TIMED_ENTRY_POINTS:
-        setattr(CountedQueue, name, counted(getattr(VTCRequestQueue, name)))
+        setattr(CountedQueue, name, counted(getattr(VTCRequestQueue, name), name))
 
     class VLLMOff(Scheduler):
         """vLLM's own methods as the mixin's ``super()`` calls them: not counted."""
@@ -130,7 +148,7 @@ def build_engine(toggle: Any, config: Any = None) -> Any:
 
     for name in ("schedule", "update_from_output"):
         setattr(VLLMOff, name, uncounted(getattr(Scheduler, name)))
-        setattr(CountedScheduler, name, counted(getattr(VTCScheduler, name)))
+        setattr(CountedScheduler, name, counted(getattr(VTCScheduler, name), SCHEDULER))
 
     if config is None:
         model = write_tiny_llama(Path(tempfile.mkdtemp()), weights=False)
@@ -148,9 +166,9 @@ def build_engine(toggle: Any, config: Any = None) -> Any:
     return engine
 
 
-def step(warmup: int, steps: int) -> None:
+def step(warmup: int, steps: int, only: str | None = None) -> None:
     """Warm the engine up uncounted, then count ``steps`` steps."""
-    engine = build_engine(toggle_function())
+    engine = build_engine(toggle_function(), only=only)
     for _ in range(warmup):
         engine.step()
     engine.counting["measure"] = True
@@ -172,7 +190,7 @@ def summary(path: Path) -> dict[str, int]:
     return dict(zip(events, totals))
 
 
-def run(warmup: int, steps: int, out: Path) -> None:
+def run(warmup: int, steps: int, out: Path, only: str | None = None) -> None:
     """This script under valgrind (callgrind, cache simulation, collection off at
     start), then the totals per counted step."""
     # (a step under valgrind is ~100x slower: the tenant log line, every 10 s, would
@@ -182,7 +200,7 @@ def run(warmup: int, steps: int, out: Path) -> None:
         "valgrind", "--tool=callgrind", "--collect-atstart=no", "--cache-sim=yes",
         f"--callgrind-out-file={out}", sys.executable, __file__,
         "--warmup", str(warmup), "--steps", str(steps),
-    ]  # fmt: skip
+    ] + (["--only", only] if only is not None else [])  # fmt: skip
     subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
     totals = summary(out)
     names = {"Ir": "instructions", "I1mr": "L1i misses", "D1mr": "L1d read misses",
@@ -198,11 +216,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--run", action="store_true", help="start valgrind and print per step")
     parser.add_argument("--out", type=Path, default=Path("callgrind.vtc-step.out"))
+    parser.add_argument("--only", help=f"count one entry point: a queue method or {SCHEDULER}")
     args = parser.parse_args()
     if args.run:
-        run(args.warmup, args.steps, args.out)
+        run(args.warmup, args.steps, args.out, args.only)
     else:
-        step(args.warmup, args.steps)
+        step(args.warmup, args.steps, args.only)
 
 
 if __name__ == "__main__":
