@@ -5,6 +5,7 @@ benchmark (``make test-vllm``)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,6 +24,16 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Any:
     )
 
 
+def step_both(counted: Any, plain: Any, steps: int) -> Iterator[None]:
+    """Step the counting engine and a plain VTC engine alike, ``steps`` times; after
+    each step the counting one has collection off. Yields after each step."""
+    for _ in range(steps):
+        counted.step()
+        plain.step()
+        assert not counted.counting["on"]
+        yield
+
+
 def test_callgrind_probe_counts_only_vtc_and_changes_nothing(config: Any) -> None:
     """``vllm_callgrind.py``'s engine (its toggle recorded here, not callgrind's)
     decides as a plain VTC engine does, toggles nothing until measuring, then
@@ -31,15 +42,12 @@ def test_callgrind_probe_counts_only_vtc_and_changes_nothing(config: Any) -> Non
     flips: list[int] = []
     counted = vllm_callgrind.build_engine(lambda: flips.append(1), config)
     plain = vtc_engine(config)
-    for _ in range(10):
-        counted.step()
-        plain.step()
+    for _ in step_both(counted, plain, 10):
+        pass
     assert not flips
     counted.counting["measure"] = True
-    for _ in range(10):
-        counted.step()
-        plain.step()
-        assert len(flips) % 2 == 0 and not counted.counting["on"]
+    for _ in step_both(counted, plain, 10):
+        assert len(flips) % 2 == 0
     # schedule() and update_from_output() each: on, off around vLLM's own, on, off
     assert len(flips) >= 10 * 2 * 4
     assert counted.admissions == plain.admissions
@@ -61,15 +69,12 @@ def test_callgrind_probe_counts_one_entry_point_alone(config: Any, only: str) ->
 
     counted = vllm_callgrind.build_engine(toggle, config, only=only)
     plain = vtc_engine(config)
-    for _ in range(40):  # (past the first finishes: arrivals from then on)
-        counted.step()
-        plain.step()
+    for _ in step_both(counted, plain, 40):  # (past the first finishes: arrivals from then on)
+        pass
     assert not callers
     counted.counting["measure"] = True
-    for _ in range(20):
-        counted.step()
-        plain.step()
-        assert len(callers) % 2 == 0 and not counted.counting["on"]
+    for _ in step_both(counted, plain, 20):
+        assert len(callers) % 2 == 0
     if only == vllm_callgrind.SCHEDULER:
         # the mixin's two methods, and vLLM's inside them switching collection off
         mine = {f"_VTCMixin.{m}" for m in ("schedule", "update_from_output")}
