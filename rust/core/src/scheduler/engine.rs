@@ -232,22 +232,17 @@ impl Scheduler {
         // own checks up to there; an error of the second pass comes first,
         // since its position is before the first pass's
         let mut result = Ok(());
+        let mut found = rids.len();
         for (i, (dst, &rid)) in slots.iter_mut().zip(rids).enumerate() {
             match self.running_slot(rid, Op::Decode) {
                 Ok(s) => *dst = s,
                 Err(e) => {
-                    result = Err((i, e));
+                    (result, found) = (Err(e), i);
                     break;
                 }
             }
         }
-        let mut result = match result {
-            Ok(()) => Ok(()),
-            Err((found, e)) => {
-                slots.truncate(found);
-                Err(e)
-            }
-        };
+        slots.truncate(found);
         for (i, &s) in slots.iter().enumerate() {
             let r = &mut self.requests[s as usize];
             let t = tok(i);
