@@ -4,7 +4,9 @@ runs it with ``CALLS=0`` and ``CALLS=1000`` and divides the difference by the id
 ``NC`` clients (default 300) with 4 x 512 requests submitted, 512 admitted: with 300
 clients every backlogged client runs (the decode's rebuild); with 1,000, 512 of them.
 ``NC=10000``: 3 requests per client, 480 admitted (issue 20's point). ``MODE=list``
-passes the token counts as a list too."""
+passes the token counts as a list too. With ``NC=10000`` the figure varies by ~20
+instructions an id from run to run (the setup's cost differs between the two
+processes): take several runs."""
 
 import os
 
