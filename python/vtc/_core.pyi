@@ -36,6 +36,7 @@ __all__ = [
     "FairnessWindow",
     "MetricsMirror",
     "SyncLedger",
+    "TenantRule",
     "key_id",
     "SchedulerError",
     "InvalidArgumentError",
@@ -205,6 +206,37 @@ class FairnessWindow:
         it gained more than ``factor`` times as much. ``limit`` < 0:
         ``InvalidArgumentError``; not a ``Scheduler``, a key, an int, a float or a str:
         ``TypeError``."""
+
+@final
+class TenantRule:
+    """Which tenant an arriving request is billed to (``vtc.adapter.Tenancy.rule``):
+    counts arrivals, and answers the common case natively. ``known``: the tenants
+    counted against the cap (held, not copied: change it in place); ``key``: the
+    ``extra_args`` key that names a tenant; every ``forget_every``-th arrival is due
+    a ``forget_idle``; a ``str`` field names a tenant if it has 1 to ``max_len``
+    characters; ``slow(due, fields)`` answers every other case. ``forget_every`` or
+    ``max_len`` below 1, or ``slow`` not callable: ``InvalidArgumentError``."""
+
+    def __new__(
+        cls,
+        known: set[str],
+        key: str,
+        forget_every: int,
+        max_len: int,
+        slow: Callable[[bool, tuple[Any, Any]], str],
+    ) -> Self: ...
+    @property
+    def arrivals(self) -> int:
+        """Arrivals counted so far."""
+    def count_arrival(self) -> bool:
+        """Count one arrival; whether it is due a ``forget_idle``."""
+    def __call__(self, request: Any, /) -> str:
+        """The tenant of an arriving vLLM request, counted as an arrival. Its tenant
+        fields are ``request.sampling_params.extra_args.get(key)`` (if a dict) and
+        then ``request.lora_request.lora_name`` (``vtc.vllm.tenant_fields``, the
+        second read only if the first names no tenant). When no forget is due and the
+        first field that names one is a ``str`` in ``known``, that ``str``;
+        otherwise ``slow(due, (extra, lora))``."""
 
 @final
 class MetricsMirror:

@@ -39,8 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from vtc._core import Scheduler, key_id
-from vtc.config import ConfigError, EngineConfig, first_tenant, load_weights_file, merge_weights
+from vtc._core import Scheduler, TenantRule, key_id
+from vtc.config import (
+    MAX_TENANT_LEN,
+    ConfigError,
+    EngineConfig,
+    first_tenant,
+    load_weights_file,
+    merge_weights,
+)
 from vtc.errors import InvalidArgumentError, RequestStateError, UnknownRequestError
 from vtc.observer import AdapterView, Observer, Tracked, _Observers
 
@@ -113,8 +120,14 @@ class Tenancy:
         self.observers = _Observers(log=self._log) if observers is None else observers
         for tenant, weight in config.weights.items():
             core.set_weight(tenant, weight)
-        self._known: set[str] = set(config.weights)
-        self._arrivals = 0
+        self._known: set[str] = set(config.weights)  # (changed in place: the rule reads it)
+        #: counts arrivals (every ``forget_every``-th is due a :meth:`forget_idle`) and
+        #: names an arriving vLLM request's tenant, natively when it is a known tenant
+        #: named by a plain ``str`` field (``vtc._core.TenantRule``); every other case
+        #: is :meth:`arrive`'s rule
+        self.rule = TenantRule(
+            self._known, config.tenant_key, forget_every, MAX_TENANT_LEN, self._arrive
+        )
         self._warned_full = False
         self._clock = time.monotonic
         self._next_check = self._clock() + config.weights_reload
@@ -183,8 +196,12 @@ class Tenancy:
     def arrive(self, fields: Iterable[Any]) -> str:
         """The tenant a newly arriving request is billed to; ``fields`` are its
         tenant fields in the engine's order. Never raises for a malformed one."""
-        self._arrivals += 1
-        if self._arrivals % self.forget_every == 0:
+        return self._arrive(self.rule.count_arrival(), fields)
+
+    def _arrive(self, due: bool, fields: Iterable[Any]) -> str:
+        """:meth:`arrive` of an arrival already counted (``due``: a :meth:`forget_idle`
+        first); :attr:`rule` calls it for every case but its common one."""
+        if due:
             self.forget_idle()
         config = self.config
         tenant = first_tenant(fields)
@@ -213,7 +230,10 @@ class Tenancy:
         n = self.core.forget_idle()
         if n:
             clients = self.core.clients()
-            self._known = {str(k) for k in clients} | set(self.config.weights)
+            known = self._known  # (in place: the rule holds it)
+            known.clear()
+            known.update(map(str, clients))
+            known.update(self.config.weights)
             if before is not None:
                 self.observers.notify("forgot", sorted(map(str, before.difference(clients))))
         return n

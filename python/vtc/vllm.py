@@ -316,7 +316,9 @@ class _VTCMixin:
         self.vtc_adapter.start_sharing(suffix=data_parallel_suffix(parallel))
         if len(self.waiting):
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
-        self.waiting = VTCRequestQueue(self.vtc, self._vtc_tenant, self.vtc_adapter.requests)
+        # the tenant rule (tenant_fields' two fields, read natively in the common case)
+        rule = self.vtc_tenancy.rule
+        self.waiting = VTCRequestQueue(self.vtc, rule, self.vtc_adapter.requests)
         mode = "async" if isinstance(self, AsyncScheduler) else "synchronous"
         # vLLM's priority (smaller first) is the core's band under --scheduling-policy
         # priority; otherwise every request has priority 0
@@ -343,10 +345,6 @@ class _VTCMixin:
             return cached_prompt_tokens(self.kv_cache_manager, request)
 
         return self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache") is not None
-
-    def _vtc_tenant(self, request: Request) -> str:
-        """The tenant an arriving request is billed to (:class:`vtc.adapter.Tenancy`)."""
-        return self.vtc_tenancy.arrive(tenant_fields(request, self.vtc_config.tenant_key))
 
     #: the output of the last ``schedule()`` and ``Requests.changes`` then, while
     #: vLLM's running list and the core's running set have as many requests

@@ -30,7 +30,7 @@ from vllm_harness import (
 
 import vtc
 from vtc import reference
-from vtc.adapter import Adapter, Requests
+from vtc.adapter import Adapter, Requests, Tenancy
 from vtc.vllm import (
     AsyncVTCScheduler,
     TenantTracingScheduler,
@@ -40,6 +40,7 @@ from vtc.vllm import (
     cached_prompt_tokens,
     parse_weights,
     resolve_tenant,
+    tenant_fields,
 )
 
 WP, WQ = 1.0, 2.0
@@ -772,6 +773,33 @@ def test_tenant_comes_from_extra_args_then_lora_then_default() -> None:
         assert resolve_tenant(make_request(bad if bad is not None else None)) is None
         assert resolve_tenant(make_request(extra_args={"tenant": bad}, lora="L")) == "L"
     assert resolve_tenant(make_request("x" * 128)) == "x" * 128
+
+
+def test_the_native_tenant_rule_names_what_tenant_fields_name(model_dir: str) -> None:
+    """``Tenancy.rule`` (the common case native) names, for vLLM's own requests, the
+    tenant ``Tenancy.arrive`` names from :func:`tenant_fields`, with the same tenants
+    tracked; the scheduler's queue names arrivals by it."""
+    cases = [
+        make_request("acme"),
+        make_request(42),
+        make_request(None, lora="adapter-1"),
+        make_request("acme", lora="adapter-1"),
+        make_request(None),
+        make_request(extra_args={"org": "x"}),
+        make_request("x" * 128),
+        make_request("x" * 129, lora="L"),
+    ]
+    for bad in (True, 3.5, ["a"], {"a": 1}, ""):
+        cases += [make_request(bad), make_request(extra_args={"tenant": bad}, lora="L")]
+    config = VTCConfig(max_tenants=4)
+    native = Tenancy(vtc.Scheduler(1000), config, forget_every=3)
+    fields = Tenancy(vtc.Scheduler(1000), config, forget_every=3)
+    for r in cases * 2:  # the second time round, known tenants: the native answer
+        assert native.rule(r) == fields.arrive(tenant_fields(r))
+        assert native._known == fields._known
+    assert native.rule.arrivals == fields.rule.arrivals == 2 * len(cases)
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir))
+    assert s.waiting._tenant_of is s.vtc_tenancy.rule
 
 
 def test_malformed_tenant_is_served_as_default(model_dir: str, monkeypatch) -> None:

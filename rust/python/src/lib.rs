@@ -10,7 +10,7 @@
 //! (`FromPyObject` types), `convert` the readers behind them and the shapes
 //! read in a method's body (batches, mappings, the client cap), `outputs` an
 //! engine step's output objects (`decode_outputs`), `keys` client keys (Python's int or str to the core's `ClientKey` and back),
-//! `costs` the cost objects, `lookup` the prefix lookup, `errors` the one
+//! `costs` the cost objects, `lookup` the prefix lookup, `tenant` the arrival's tenant rule, `errors` the one
 //! conversion of core errors into Python exceptions. The `Scheduler` class is this file (its
 //! state, the lock, construction and configuration), `engine` (the calls
 //! that change requests) and `views` (read-only views, snapshots): one class
@@ -28,6 +28,7 @@ mod ledger;
 mod lookup;
 mod mirror;
 mod outputs;
+mod tenant;
 mod views;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -458,6 +459,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     items::check_layout(py)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyScheduler>()?;
+    m.add_class::<tenant::PyTenantRule>()?;
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
