@@ -156,7 +156,10 @@ impl PyTenantRule {
     /// The tenant of an arriving vLLM request, counted as an arrival once its fields
     /// are read: when no forget is due and its first field that names a tenant is
     /// a plain `str` of a known tenant, that `str`; otherwise `slow(due, (extra,
-    /// lora))`'s answer. (The GIL orders the count's read and its increment.)
+    /// lora))`'s answer. (Between the count's read and its increment only the
+    /// request's `lora_request` may be read: an arrival counted meanwhile by another
+    /// thread could shift one `forget_idle` by an arrival, or skip it until the next
+    /// `forget_every` or the cap; no count is lost.)
     fn __call__<'py>(&self, request: &Bound<'py, PyAny>) -> Result<Bound<'py, PyAny>> {
         let py = request.py();
         let extra = self.extra_field(request)?;
