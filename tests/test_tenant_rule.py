@@ -1,6 +1,7 @@
 """vtc._core.TenantRule (``Tenancy.rule``): an arriving vLLM request's tenant, its
 common case native, differential-tested against ``Tenancy.arrive`` of the request's
-tenant fields read as ``vtc.vllm.tenant_fields`` reads them."""
+tenant fields read in Python (``vtc.adapter.vllm_tenant_fields``, which
+``vtc.vllm.tenant_fields`` is)."""
 
 from __future__ import annotations
 
@@ -15,23 +16,11 @@ from hypothesis import strategies as st
 
 import vtc
 from vtc._core import TenantRule
-from vtc.adapter import Tenancy
+from vtc.adapter import Tenancy, vllm_tenant_fields
 from vtc.config import MAX_TENANT_LEN, EngineConfig
 from vtc.errors import InvalidArgumentError
 
 KEY = "tenant"
-
-
-def fields_of(request: Any, key: str = KEY) -> tuple[Any, Any]:
-    """The two tenant fields, as ``vtc.vllm.tenant_fields`` reads them (it needs vLLM
-    to import; tests/vllm/test_vllm_tenant_rule.py checks the two agree)."""
-    params = request.sampling_params
-    extra = getattr(params, "extra_args", None) if params is not None else None
-    lora = request.lora_request
-    return (
-        extra.get(key) if isinstance(extra, dict) else None,
-        getattr(lora, "lora_name", None) if lora is not None else None,
-    )
 
 
 class Name(str):
@@ -78,6 +67,7 @@ def test_a_known_tenant_is_named_without_the_slow_path():
 
 def test_every_forget_every_th_arrival_is_due_on_either_path():
     core, t = make(forget_every=3)
+    assert t.forget_every == t.rule.forget_every == 3
     forgets = []
     t.forget_idle = lambda: forgets.append(t.rule.arrivals) or 0  # type: ignore[method-assign]
     t.arrive(["default"])
@@ -173,7 +163,7 @@ def test_the_rule_is_tenancy_arrive_of_the_fields(arrivals, forget_every, max_te
     b_core, b = make(forget_every=forget_every, max_tenants=max_tenants, weights=weights)
     for rid, (req, serve) in enumerate(arrivals):
         got = a.rule(req)
-        want = b.arrive(fields_of(req))
+        want = b.arrive(vllm_tenant_fields(req, KEY))
         assert got == want and type(got) is type(want)
         assert a._known == b._known and a.rule.arrivals == b.rule.arrivals == rid + 1
         for core in (a_core, b_core):

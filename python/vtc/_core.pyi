@@ -228,12 +228,15 @@ class TenantRule:
     @property
     def arrivals(self) -> int:
         """Arrivals counted so far."""
+    @property
+    def forget_every(self) -> int:
+        """Idle tenants are due a ``forget_idle`` every this many arrivals."""
     def count_arrival(self) -> bool:
         """Count one arrival; whether it is due a ``forget_idle``."""
     def __call__(self, request: Any, /) -> str:
         """The tenant of an arriving vLLM request, counted as an arrival. Its tenant
         fields are ``request.sampling_params.extra_args.get(key)`` (if a dict) and
-        then ``request.lora_request.lora_name`` (``vtc.vllm.tenant_fields``, the
+        then ``request.lora_request.lora_name`` (``vtc.adapter.vllm_tenant_fields``, the
         second read only if the first names no tenant). When no forget is due and the
         first field that names one is a ``str`` in ``known``, that ``str``;
         otherwise ``slow(due, (extra, lora))``."""

@@ -41,6 +41,7 @@ import numpy as np
 
 from vtc._core import Scheduler, TenantRule, key_id
 from vtc.config import (
+    DEFAULT_TENANT_KEY,
     MAX_TENANT_LEN,
     ConfigError,
     EngineConfig,
@@ -69,6 +70,7 @@ __all__ = [
     "Tracked",
     "engine_core",
     "format_counters",
+    "vllm_tenant_fields",
 ]
 
 FORGET_EVERY = 4096
@@ -84,6 +86,19 @@ def engine_core(config: EngineConfig, M: int) -> Scheduler:
     shell installs a lookup with :meth:`Adapter.set_prefix_lookup`)."""
     return Scheduler(
         M=M, wp=config.wp, wq=config.wq, policy="vtc", locality_quantum=config.locality_quantum
+    )
+
+
+def vllm_tenant_fields(request: Any, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, Any]:
+    """A vLLM request's tenant fields, in order: ``extra_args[key]``, its LoRA
+    adapter's name (``vtc.vllm.tenant_fields``). Here, beside :class:`Tenancy`, as the
+    Python reading of what :attr:`Tenancy.rule` reads natively; it needs no vLLM."""
+    params = request.sampling_params
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    lora = request.lora_request
+    return (
+        extra.get(key) if isinstance(extra, dict) else None,
+        getattr(lora, "lora_name", None) if lora is not None else None,
     )
 
 
@@ -115,7 +130,6 @@ class Tenancy:
             raise ValueError(f"forget_every must be >= 1, got {forget_every}")
         self.core = core
         self.config = config
-        self.forget_every = forget_every
         self._log = log or _log
         self.observers = _Observers(log=self._log) if observers is None else observers
         for tenant, weight in config.weights.items():
@@ -133,6 +147,11 @@ class Tenancy:
         self._next_check = self._clock() + config.weights_reload
         # the weights file as last read (inode, size, mtime), or why it could not be
         self._file_seen: tuple[Any, ...] | None = self._stat()
+
+    @property
+    def forget_every(self) -> int:
+        """Idle tenants are forgotten every this many arrivals (:attr:`rule` counts them)."""
+        return self.rule.forget_every
 
     def weight(self, tenant: str) -> float:
         """The weight in force for ``tenant`` (1 unless configured)."""

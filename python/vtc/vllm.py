@@ -41,6 +41,7 @@ from vtc.adapter import (
     Tracked,
     engine_core,
 )
+from vtc.adapter import vllm_tenant_fields as tenant_fields  # (exported here too)
 from vtc.config import DEFAULT_TENANT_KEY, EngineConfig, first_tenant, parse_weights
 
 __all__ = [
@@ -57,17 +58,6 @@ __all__ = [
 ]
 
 logger = init_logger("vllm.vtc")
-
-
-def tenant_fields(request: Request, key: str = DEFAULT_TENANT_KEY) -> tuple[Any, Any]:
-    """A request's tenant fields, in order: ``extra_args[key]``, its LoRA adapter's name."""
-    params = request.sampling_params
-    extra = getattr(params, "extra_args", None) if params is not None else None
-    lora = request.lora_request
-    return (
-        extra.get(key) if isinstance(extra, dict) else None,
-        getattr(lora, "lora_name", None) if lora is not None else None,
-    )
 
 
 def resolve_tenant(request: Request, key: str = DEFAULT_TENANT_KEY) -> str | None:

@@ -6,7 +6,7 @@
 //! first that names a tenant, the tenant cap, the shell's wrapper: ~87
 //! bytecodes; bench/README.md, optimisation 41). The rule reads a vLLM request's
 //! two tenant fields in their order, `sampling_params.extra_args[key]` and then
-//! `lora_request.lora_name` (`vtc.vllm.tenant_fields`), each as Python's
+//! `lora_request.lora_name` (`vtc.adapter.vllm_tenant_fields`), each as Python's
 //! `getattr(obj, name, None)` would. The object also counts arrivals, for
 //! `Tenancy.arrive` too: every `forget_every`-th one is due a `forget_idle`.
 
@@ -55,7 +55,7 @@ impl PyTenantRule {
     }
 
     /// How the common case reads one field's value.
-    fn read<'py>(&self, value: Option<Bound<'py, PyAny>>) -> Result<Field<'py>> {
+    fn read<'py>(&self, value: Option<&Bound<'py, PyAny>>) -> Result<Field<'py>> {
         let Some(value) = value else {
             return Ok(Field::Skip);
         };
@@ -76,7 +76,7 @@ impl PyTenantRule {
     }
 
     /// `request.sampling_params.extra_args.get(key)` if `extra_args` is a dict, else
-    /// None (`vtc.vllm.tenant_fields`' first field).
+    /// None (`vtc.adapter.vllm_tenant_fields`' first field).
     fn extra_field<'py>(&self, request: &Bound<'py, PyAny>) -> Result<Option<Bound<'py, PyAny>>> {
         let py = request.py();
         let params = request.getattr(intern!(py, "sampling_params"))?;
@@ -148,6 +148,12 @@ impl PyTenantRule {
         self.arrivals.load(Ordering::Relaxed)
     }
 
+    /// Idle tenants are due a `forget_idle` every this many arrivals.
+    #[getter]
+    fn forget_every(&self) -> u64 {
+        self.forget_every
+    }
+
     /// Count one arrival; whether it is due a `forget_idle`.
     fn count_arrival(&self) -> bool {
         self.count()
@@ -164,13 +170,13 @@ impl PyTenantRule {
         let py = request.py();
         let extra = self.extra_field(request)?;
         let mut lora = None; // (Some once read)
-        let found = match self.read(extra.clone())? {
+        let found = match self.read(extra.as_ref())? {
             Field::Name(s) => Some(s),
             Field::Other => None,
             Field::Skip => {
                 // (read only when the first names no tenant: first_tenant stops there)
                 let value = Self::lora_field(request)?;
-                let second = self.read(value.clone())?;
+                let second = self.read(value.as_ref())?;
                 lora = Some(value);
                 match second {
                     Field::Name(s) => Some(s),
