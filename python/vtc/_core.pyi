@@ -7,7 +7,7 @@ from typing import Any, Literal, final
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 __version__: str
 MAX_TOKENS_PER_CALL: int
@@ -37,6 +37,7 @@ __all__ = [
     "MetricsMirror",
     "SyncLedger",
     "TenantRule",
+    "WaitingQueue",
     "key_id",
     "SchedulerError",
     "InvalidArgumentError",
@@ -240,6 +241,31 @@ class TenantRule:
         second read only if the first names no tenant). When no forget is due and the
         first field that names one is a ``str`` in ``known``, that ``str``;
         otherwise ``slow(due, (extra, lora))``."""
+
+@disjoint_base
+class WaitingQueue:
+    """The native half of an engine's waiting queue (``vtc.vllm.VTCRequestQueue``
+    derives from it): the hot questions answered with no Python frame, each from
+    the core under its lock. ``records``: core id -> the request's record (an
+    object with a ``request`` attribute: the engine's request), held, not copied
+    (``vtc.adapter.Requests._by_rid``). Every method first calls ``self.settle()``
+    (the subclass's) while a pop is pending."""
+
+    def __new__(cls, core: Scheduler, records: dict[int, Any]) -> Self: ...
+    @property
+    def _pending(self) -> Any | None:
+        """The record ``pop_request`` took, until ``settle`` decides it (None)."""
+    @_pending.setter
+    def _pending(self, record: Any | None) -> None: ...
+    def __bool__(self) -> bool:
+        """Whether a request waits in the core."""
+    def __len__(self) -> int:
+        """How many requests wait in the core (its ``num_waiting``)."""
+    def peek_request(self) -> Any:
+        """The engine's request the core admits next (its ``peek``);
+        ``IndexError`` if none waits."""
+    def pop_request(self) -> Any:
+        """As ``peek_request``, and its record becomes the pending pop."""
 
 @final
 class MetricsMirror:

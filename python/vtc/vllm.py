@@ -32,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 import vtc
+from vtc._core import WaitingQueue
 from vtc.adapter import (
     WAITING,
     Adapter,
@@ -95,7 +96,7 @@ _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 _is_finished = operator.methodcaller("is_finished")
 
 
-class VTCRequestQueue(RequestQueue):
+class VTCRequestQueue(WaitingQueue, RequestQueue):
     """vLLM's waiting queue, ordered by a ``vtc.Scheduler`` in engine mode.
 
     ``peek_request()`` is the core's ``peek()``; ``pop_request()`` is provisional
@@ -104,18 +105,25 @@ class VTCRequestQueue(RequestQueue):
     puts it back with its place (``docs/architecture.md``). Prepending a
     running request is a preemption; removing one forgets it. Iteration yields
     waiting requests in arrival order.
+
+    vLLM asks ``bool``, ``len``, ``peek_request()`` and ``pop_request()``
+    several times a step: they are native (:class:`vtc._core.WaitingQueue`, this
+    class's base), the core's own answers with no Python frame; each settles a
+    pending pop first (:meth:`settle`, here).
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         core: vtc.Scheduler,
         tenant_of: Callable[[Request], str],
         requests: Requests | None = None,
-    ) -> None:
+    ) -> VTCRequestQueue:
+        requests = Requests(core) if requests is None else requests  # by vLLM id
+        self = super().__new__(cls, core, requests._by_rid)  # (the native half's state)
         self.core = core
         self._tenant_of = tenant_of
-        self.requests = Requests(core) if requests is None else requests  # by vLLM id
-        self._pending: Tracked | None = None
+        self.requests = requests
+        return self
 
     def entry(self, request_id: str) -> Tracked | None:
         """The integration's record of a vLLM request (None if it has none)."""
@@ -170,27 +178,6 @@ class VTCRequestQueue(RequestQueue):
             request.num_prompt_tokens,
             request.priority,
         )
-
-    def peek_request(self) -> Request:
-        """The request the VTC policy admits next (IndexError if none waits)."""
-        if self._pending is not None:
-            self.settle()
-        t = self.requests.head()
-        if t is None:
-            raise IndexError("peek from an empty VTC queue")
-        return t.request
-
-    def pop_request(self) -> Request:
-        """Take the request ``peek_request()`` names; settled at the next call."""
-        if self._pending is not None:
-            self.settle()
-        requests = self.requests
-        # vLLM peeks first: in a pass, the head it named is kept (head()'s own test)
-        t = requests.head_kept if requests.head_kept_at == requests.changes else requests.head()
-        if t is None:
-            raise IndexError("pop from an empty VTC queue")
-        self._pending = t
-        return t.request
 
     def prepend_request(self, request: Request) -> None:
         """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""
@@ -265,18 +252,6 @@ class VTCRequestQueue(RequestQueue):
     def tracked(self) -> int:
         """Requests the integration holds state for (0 once all are finished)."""
         return len(self.requests)
-
-    # vLLM asks these several times a step: answered from Requests' count of the
-    # core's waiting requests, kept by every change (no call, no frame)
-    def __bool__(self) -> bool:
-        if self._pending is not None:
-            self.settle()
-        return self.requests.waiting_count > 0
-
-    def __len__(self) -> int:
-        if self._pending is not None:
-            self.settle()
-        return self.requests.waiting_count
 
     def __iter__(self) -> Iterator[Request]:
         self.settle()

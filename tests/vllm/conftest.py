@@ -52,12 +52,12 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture(autouse=True)
 def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Every answer ``vtc.adapter.Requests`` gives without asking the core (``head``
-    kept within a scheduling pass, which the queue's ``pop_request`` takes without
-    calling it; the waiting count kept by every change, which the queue's ``bool``
-    and ``len`` answer with) is checked against the core's own,
-    so every test here (preemption, priorities, skips, locality, shared counters)
-    fails on a stale one. Yields how many such answers were checked."""
+    """Every answer the queue and ``vtc.adapter.Requests`` give vLLM is checked
+    against the core's own: ``head`` kept within a scheduling pass, the waiting
+    count kept by every change, and the native queue's ``bool``, ``len`` and
+    provisional pop (``vtc._core.WaitingQueue``). Every test here (preemption,
+    priorities, skips, locality, shared counters) fails on a stale one. Yields how
+    many such answers were checked."""
     from vtc.adapter import Requests
     from vtc.vllm import VTCRequestQueue
 
@@ -76,7 +76,7 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return t
 
     def checked_pop(self: VTCRequestQueue) -> Any:
-        request = queue_pop(self)  # (in a pass it takes the head kept, without head())
+        request = queue_pop(self)
         if self.requests._in_pass:
             rid = self.core.peek()  # (within a pass: the lookup's answers are frozen)
             assert self._pending is not None and self._pending.rid == rid, "stale pop"

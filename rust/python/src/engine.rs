@@ -365,7 +365,7 @@ impl PyScheduler {
         Ok(())
     }
 
-    fn peek(&self, py: Python<'_>) -> Result<Option<u64>> {
+    pub(crate) fn peek(&self, py: Python<'_>) -> Result<Option<u64>> {
         let mut g = self.lock(py)?;
         match g.window_lookup(py) {
             None => Ok(g.core.peek()),

@@ -28,6 +28,7 @@ mod ledger;
 mod lookup;
 mod mirror;
 mod outputs;
+mod queue;
 mod tenant;
 mod views;
 
@@ -460,6 +461,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyScheduler>()?;
     m.add_class::<tenant::PyTenantRule>()?;
+    m.add_class::<queue::PyWaitingQueue>()?;
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;

@@ -1,0 +1,279 @@
+"""``vtc._core.WaitingQueue``, the native half of vLLM's waiting queue, against
+:class:`vtc.adapter.Requests`' own answers (no vLLM needed).
+
+A hypothesis state machine drives a small queue shaped as ``vtc.vllm.VTCRequestQueue``
+(its ``settle`` admits the pending pop or sets it aside) through every call an
+engine makes, in random order: arrivals in several bands, peeks, provisional pops
+decided either way at the next call, puts back, preemptions, releases (of the
+pending pop too) and charges, inside and outside a scheduling pass, with the
+locality window on or off. After each native answer it must equal the Python
+table's: ``bool`` and ``len`` its ``num_waiting()`` (and the core's), ``peek_request``
+and ``pop_request`` the request of its ``head()``, each once the pending pop is
+settled.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import vtc
+from vtc._core import WaitingQueue
+from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Requests, engine_core
+from vtc.config import EngineConfig
+
+M = 200
+
+
+class Req:
+    """An engine's request: its id and the prefix it holds cached."""
+
+    def __init__(self, rid: str, prompt: int, hit: int) -> None:
+        self.rid, self.prompt, self.hit = rid, prompt, hit
+
+
+class Queue(WaitingQueue):
+    """The native half with ``vtc.vllm.VTCRequestQueue``'s settle: the pending pop is
+    admitted if the engine says so (``admit_next``), else set aside."""
+
+    def __new__(cls, requests: Requests):
+        self = super().__new__(cls, requests.core, requests._by_rid)
+        self.requests = requests
+        self.admit_next: int | None = None  # the cached length to admit with, or skip
+        self.settled = 0
+        return self
+
+    def settle(self) -> None:
+        t = self._pending
+        if t is None:
+            return
+        self._pending = None
+        self.settled += 1
+        if self.admit_next is None:
+            self.requests.set_aside(t)
+        else:
+            self.requests.admit(t, self.admit_next)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    @initialize(quantum=st.sampled_from([0.0, 0.0, 30.0]))
+    def start(self, quantum):
+        config = EngineConfig(locality_quantum=quantum)
+        self.adapter = Adapter(engine_core(config, M), config)
+        self.adapter.set_priority_order(1)
+        if quantum:
+            self.adapter.set_prefix_lookup(lambda req: req.hit)
+        self.requests = self.adapter.requests
+        self.queue = Queue(self.requests)
+        self.serial = 0
+        self.passing = None
+
+    def expected_head(self):
+        """The Python table's answer, once the pending pop is settled as the native
+        call settles it."""
+        self.queue.settle()
+        return self.requests.head()
+
+    @rule(
+        tenant=st.sampled_from("abc"),
+        prompt=st.integers(1, 40),
+        hit=st.integers(0, 40),
+        band=st.sampled_from([0, 0, 1, -1]),
+    )
+    def arrive(self, tenant, prompt, hit, band):
+        self.serial += 1
+        key = f"r{self.serial}"
+        self.queue.settle()  # (vLLM's add_request settles first)
+        self.requests.submit(key, Req(key, prompt, hit), tenant, prompt, band)
+
+    @rule()
+    def ask_bool_and_len(self):
+        pending = self.queue._pending is not None
+        settled = self.queue.settled
+        got_bool, got_len = bool(self.queue), len(self.queue)
+        assert self.queue._pending is None and self.queue.settled == settled + pending
+        assert got_len == self.requests.num_waiting() == self.requests.core.num_waiting
+        assert got_bool == (got_len > 0)
+
+    @rule()
+    def peek(self):
+        if self.passing is None:
+            # outside a pass the table asks its core each time: compare after
+            try:
+                got = self.queue.peek_request()
+            except IndexError as e:
+                assert str(e) == "peek from an empty VTC queue"
+                got = None
+            t = self.requests.head()
+        else:
+            t = self.expected_head()
+            try:
+                got = self.queue.peek_request()
+            except IndexError:
+                got = None
+        assert got is (None if t is None else t.request)
+
+    @rule(admit=st.booleans(), cached=st.integers(0, 45))
+    def pop(self, admit, cached):
+        t = self.expected_head()
+        if t is None:
+            with pytest.raises(IndexError, match="pop from an empty VTC queue"):
+                self.queue.pop_request()
+            assert self.queue._pending is None
+            return
+        assert self.queue.pop_request() is t.request
+        assert self.queue._pending is t
+        self.queue.admit_next = cached if admit else None
+
+    @precondition(lambda self: len(self.requests) > 0)
+    @rule(data=st.data())
+    def put_back(self, data):
+        self.queue.settle()
+        keys = sorted(t.key for t in self.requests)
+        key = data.draw(st.sampled_from(keys))
+        self.requests.put_back(self.requests.get(key))
+
+    @precondition(lambda self: len(self.requests) > 0)
+    @rule(data=st.data(), finished=st.booleans())
+    def release(self, data, finished):
+        # (no settle: vLLM's finish_requests settles, but an abort of the pending pop
+        # must leave the queue with nothing pending, as VTCRequestQueue.forget does)
+        keys = sorted(t.key for t in self.requests)
+        key = data.draw(st.sampled_from(keys))
+        if self.queue._pending is self.requests.release(key, finished):
+            self.queue._pending = None
+
+    @rule(tokens=st.integers(1, 3))
+    def charge(self, tokens):
+        self.queue.settle()
+        tracked = list(self.requests)
+        states = self.requests.statuses(tracked)
+        self.requests.charge((t, tokens) for t, s in zip(tracked, states) if s == RUNNING)
+
+    @precondition(lambda self: self.passing is None)
+    @rule()
+    def enter_pass(self):
+        self.passing = self.adapter.selecting()
+        self.passing.__enter__()
+
+    @precondition(lambda self: self.passing is not None)
+    @rule()
+    def leave_pass(self):
+        self.queue.settle()
+        self.passing.__exit__(None, None, None)
+        self.passing = None
+
+    @invariant()
+    def states_are_the_tables(self):
+        states = self.requests.statuses(list(self.requests))
+        assert set(states) <= {WAITING, RUNNING, ASIDE}
+        assert self.requests.num_waiting() == self.requests.core.num_waiting
+
+    def teardown(self):
+        if getattr(self, "passing", None) is not None:
+            self.passing.__exit__(None, None, None)
+
+
+QueueMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_the_native_queue_answers_as_the_table = QueueMachine.TestCase
+
+
+def queue_of(M: int = 100) -> tuple[Queue, Requests]:
+    requests = Requests(vtc.Scheduler(M=M))
+    return Queue(requests), requests
+
+
+def test_an_empty_queue_says_so_and_raises_index_errors() -> None:
+    q, _ = queue_of()
+    assert (bool(q), len(q), q._pending) == (False, 0, None)
+    with pytest.raises(IndexError, match="peek from an empty VTC queue"):
+        q.peek_request()
+    with pytest.raises(IndexError, match="pop from an empty VTC queue"):
+        q.pop_request()
+    assert q._pending is None
+
+
+def test_a_pending_pop_is_settled_before_each_answer() -> None:
+    q, requests = queue_of()
+    a = requests.submit("a", Req("a", 10, 0), "x", 10)
+    b = requests.submit("b", Req("b", 10, 0), "y", 10)
+    for ask in (bool, len, WaitingQueue.peek_request, WaitingQueue.pop_request):
+        q._pending = None
+        assert q.peek_request() is a.request
+        assert q.pop_request() is a.request and q._pending is a
+        q.admit_next = None  # skipped: set aside, b comes next
+        before = q.settled
+        answer = ask(q)
+        assert q.settled == before + 1 and requests.status(a) == ASIDE
+        # answered after the settle: b is the only request waiting now
+        assert answer == {bool: True, len: 1}.get(ask, b.request)
+        assert q._pending is (b if ask is WaitingQueue.pop_request else None)
+        requests.put_back(a)
+    assert requests.status(b) == WAITING
+
+
+def test_a_settle_that_raises_leaves_the_pop_pending_and_the_error_raised() -> None:
+    class Failing(Queue):
+        def settle(self) -> None:
+            raise RuntimeError("engine state unreadable")
+
+    requests = Requests(vtc.Scheduler(M=100))
+    q = Failing(requests)
+    t = requests.submit("a", Req("a", 10, 0), "x", 10)
+    assert q.pop_request() is t.request
+    for ask in (bool, len, WaitingQueue.peek_request, WaitingQueue.pop_request):
+        with pytest.raises(RuntimeError, match="unreadable"):
+            ask(q)
+        assert q._pending is t  # nothing decided, nothing lost
+
+
+def test_a_core_id_without_a_record_is_a_key_error_naming_it() -> None:
+    core = vtc.Scheduler(M=100)
+    q = Queue.__new__(Queue, Requests(core))
+    core.submit(7, "x", 5)  # (behind the table's back)
+    with pytest.raises(KeyError, match="7"):
+        q.peek_request()
+    assert (len(q), q._pending) == (1, None)
+
+
+def test_the_arguments_are_checked() -> None:
+    with pytest.raises(TypeError):
+        WaitingQueue(object(), {})
+    with pytest.raises(TypeError):
+        WaitingQueue(vtc.Scheduler(M=10), [])
+    q = WaitingQueue(vtc.Scheduler(M=10), {})
+    with pytest.raises(AttributeError):
+        del q._pending
+    with pytest.raises(AttributeError):
+        q.settle  # noqa: B018 - the base has none: a subclass decides pops
+
+
+def test_a_cycle_through_the_pending_pop_is_collected() -> None:
+    q, requests = queue_of()
+    req = Req("a", 10, 0)
+    requests.submit("a", req, "x", 10)
+    q.pop_request()
+    req.queue = q  # request -> queue -> pending record -> request
+    dead = weakref.ref(q)
+    del q, requests, req
+    gc.collect()
+    assert dead() is None
+
+
+def test_the_locality_window_orders_the_native_peek_as_the_table() -> None:
+    config = EngineConfig(locality_quantum=50.0)
+    ad = Adapter(engine_core(config, 10_000), config)
+    ad.set_prefix_lookup(lambda req: req.hit)
+    q = Queue(ad.requests)
+    ad.enqueue("a", Req("a", 40, 0), ("a",), 40)
+    tb = ad.enqueue("b", Req("b", 40, 32), ("b",), 40)
+    with ad.selecting():
+        assert q.peek_request() is tb.request  # cached head first, as head() says
+        assert q.pop_request() is tb.request and ad.requests.head() is tb
+        q.admit_next = 32
+        assert len(q) == 1 and ad.core.counters() == {"a": 0.0, "b": 8.0}
