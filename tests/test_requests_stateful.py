@@ -11,8 +11,8 @@ output steps that are uniform or not. After every call:
 
 * each tracked request is in the state the model says, under one core id of its
   own, and nothing untracked is left in the core (nothing lost or duplicated);
-* the cached answers to the engine's hot questions (``num_waiting``, ``head``,
-  kept across calls by a change count) equal the core's answers now;
+* the answers to the engine's hot questions (``num_waiting``; ``head``, kept
+  across calls by a change count) equal the core's answers now;
 * each tenant's raw tokens in the core (``client_tokens``) are the model's: the
   prompt less its cached part at the first admission only, every produced token
   once (a token produced while not running is owed and charged at the next

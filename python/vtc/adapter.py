@@ -303,14 +303,12 @@ class Requests:
     :attr:`overrides`, where the core looks it up. A request's state is the core's alone
     (``status(rid)``): nothing here can fall out of step with it.
 
-    The engine's hot questions cost nothing when nothing changed since they
-    were last asked: :attr:`waiting_count` is the core's ``num_waiting``, kept by
-    every call here that changes the core (the core's waiting set changes by no
-    other path; each counts one in :attr:`changes`), and :meth:`head` is asked
-    of the core once per change within a scheduling pass (:class:`SchedulingPass`),
-    while the order can change by no other path: outside a pass a counter may
-    rise meanwhile (shared counters' sync, weights reloaded), so it asks the
-    core each time.
+    :meth:`head` is asked of the core once per change within a scheduling pass
+    (:class:`SchedulingPass`; each call here that changes the core counts one in
+    :attr:`changes`), while the order can change by no other path: outside a
+    pass a counter may rise meanwhile (shared counters' sync, weights reloaded),
+    so it asks the core each time. (vLLM's queue asks the core natively:
+    ``vtc._core.WaitingQueue``.)
     """
 
     def __init__(self, core: Scheduler, observers: _Observers | None = None) -> None:
@@ -331,18 +329,12 @@ class Requests:
         self.changes = 0
         #: steps :meth:`charge_outputs` charged without reading ids, so far
         self.uniform_steps = 0
-        #: the core's ``num_waiting``, kept by every change here: +1 a submit or a
-        #: preemption, -1 an admission or a waiting request's release, read again
-        #: after the rare change whose effect it does not know (set aside, put back
-        #: from aside, released from aside)
-        self.waiting_count: int = core.num_waiting
         # Within a scheduling pass (set, with head_kept_at reset, at both of its edges
         # by SchedulingPass) the order of the queue changes only by calls here, so
         # head() may keep its answer.
         self._in_pass = False
         #: head()'s answer kept in this pass, valid while ``head_kept_at`` is
-        #: ``changes`` (-1 outside a pass: never); a shell's hot path may read it
-        #: instead of calling head() (vLLM's pop_request, after its peek_request)
+        #: ``changes`` (-1 outside a pass: never)
         self.head_kept: Tracked | None = None
         self.head_kept_at = -1
 
@@ -367,8 +359,8 @@ class Requests:
         return t
 
     def num_waiting(self) -> int:
-        """The core's ``num_waiting`` (:attr:`waiting_count`), with no core call."""
-        return self.waiting_count
+        """The core's ``num_waiting``."""
+        return self.core.num_waiting
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -440,7 +432,6 @@ class Requests:
             self.core.submit(rid, tenant, n, priority=priority)
         else:  # (the core's default band: no keyword to parse)
             self.core.submit(rid, tenant, n)
-        self.waiting_count += 1
         t = Tracked(key, rid, request, tenant, n)
         self._by_key[key] = t
         by_rid[rid] = t
@@ -459,7 +450,6 @@ class Requests:
         rid = self.core.pop(cached)  # (positional: no keyword to parse)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
-        self.waiting_count -= 1
         t.admissions += 1
         owed, t.owed = t.owed, 0
         if owed:
@@ -474,7 +464,6 @@ class Requests:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
         self.changes += 1
         rid = self.core.set_aside()
-        self.waiting_count = self.core.num_waiting  # (rare: read again)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
         self._aside_seq += 1
@@ -489,11 +478,9 @@ class Requests:
         self.changes += 1
         if state == ASIDE:
             self.core.put_back(t.rid)
-            self.waiting_count = self.core.num_waiting  # (rare: read again)
             del self._aside[t.key]
         elif state == RUNNING:
             self.core.preempt(t.rid)
-            self.waiting_count += 1
             if self.observers:
                 self.observers.notify("preempted", t)
 
@@ -576,21 +563,15 @@ class Requests:
             if self._aside:
                 self._aside.pop(key, None)
             self.changes += 1
-            state, done = RUNNING, False
+            done = False
             if finished:
                 try:
                     core.finish(rid)  # the usual case, in one core call: it ran to its end
                     done = True
                 except (RequestStateError, UnknownRequestError):  # (nothing changed)
-                    state = core.status(rid)  # not running: cancelled below, if held
-            else:
-                state = core.status(rid)
-            if not done and state is not None:
+                    pass  # not running: cancelled below, if held
+            if not done and core.status(rid) is not None:
                 core.cancel(rid)
-                if state == WAITING:
-                    self.waiting_count -= 1
-                elif state != RUNNING:  # (rare: read again)
-                    self.waiting_count = core.num_waiting
             if observers:
                 observers.notify("released", t, done)
 

@@ -53,11 +53,10 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture(autouse=True)
 def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Every answer the queue and ``vtc.adapter.Requests`` give vLLM is checked
-    against the core's own: ``head`` kept within a scheduling pass, the waiting
-    count kept by every change, and the native queue's ``bool``, ``len`` and
-    provisional pop (``vtc._core.WaitingQueue``). Every test here (preemption,
-    priorities, skips, locality, shared counters) fails on a stale one. Yields how
-    many such answers were checked."""
+    against the core's own: ``head`` kept within a scheduling pass, and the native
+    queue's ``bool``, ``len`` and provisional pop (``vtc._core.WaitingQueue``).
+    Every test here (preemption, priorities, skips, locality, shared counters)
+    fails on a stale one. Yields how many such answers were checked."""
     from vtc.adapter import Requests
     from vtc.vllm import VTCRequestQueue
 
@@ -84,7 +83,7 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return request
 
     def check_count(queue: VTCRequestQueue) -> None:
-        assert queue.requests.waiting_count == queue.core.num_waiting, "stale count"
+        assert queue.requests.num_waiting() == queue.core.num_waiting, "stale count"
         checked["num_waiting"] += 1
 
     def checked_bool(self: VTCRequestQueue) -> bool:
