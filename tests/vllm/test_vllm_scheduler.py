@@ -432,9 +432,9 @@ def test_skipped_pops_are_not_charged(model_dir: str) -> None:
 
 
 def test_a_pop_takes_the_head_its_peek_named_unless_the_queue_changed_between() -> None:
-    """In a scheduling pass, ``pop_request`` takes the head ``peek_request`` kept
-    (vLLM peeks, then pops) without asking again; a change in between (here an
-    arrival in a more urgent band, which goes ahead) makes it ask the core."""
+    """In a scheduling pass, ``pop_request`` takes the head ``peek_request`` named
+    (vLLM peeks, then pops; both ask the core natively); a change in between (here
+    an arrival in a more urgent band, which goes ahead) makes it the new head."""
     core = vtc.Scheduler(M=1000)
     adapter = Adapter(core, VTCConfig())
     q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"], adapter.requests)
@@ -443,13 +443,11 @@ def test_a_pop_takes_the_head_its_peek_named_unless_the_queue_changed_between() 
     q.add_request(a2)
     with adapter.selecting():
         assert q.peek_request() is a1
-        assert q.pop_request() is a1  # the head kept: no core call
-        assert adapter.requests.head_kept.request is a1
+        assert q.pop_request() is a1 and q._pending.request is a1
         a1.status = RequestStatus.RUNNING
         assert q.peek_request() is a2  # (a1 settled: admitted)
         q.add_request(b1)
-        assert q.pop_request() is b1  # not a2, the head kept before the arrival
-    assert adapter.requests.head_kept_at == -1  # (out of the pass: never kept)
+        assert q.pop_request() is b1  # not a2, the head before the arrival
     assert core.status(q.core_id(a2.request_id)) == "waiting"
 
 
