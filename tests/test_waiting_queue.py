@@ -18,7 +18,7 @@ import gc
 import weakref
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -42,7 +42,7 @@ class Queue(WaitingQueue):
     admitted if the engine says so (``admit_next``), else set aside."""
 
     def __new__(cls, requests: Requests):
-        self = super().__new__(cls, requests.core, requests._by_rid)
+        self = super().__new__(cls, requests)
         self.requests = requests
         self.admit_next: int | None = None  # the cached length to admit with, or skip
         self.settled = 0
@@ -242,11 +242,17 @@ def test_a_core_id_without_a_record_is_a_key_error_naming_it() -> None:
 
 
 def test_the_arguments_are_checked() -> None:
-    with pytest.raises(TypeError):
-        WaitingQueue(object(), {})
-    with pytest.raises(TypeError):
-        WaitingQueue(vtc.Scheduler(M=10), [])
-    q = WaitingQueue(vtc.Scheduler(M=10), {})
+    class Table:
+        def __init__(self, core, by_rid) -> None:
+            self.core, self._by_rid = core, by_rid
+
+    with pytest.raises(AttributeError, match="core"):
+        WaitingQueue(object())
+    with pytest.raises(TypeError, match="requests.core must be a vtc.Scheduler, got <class 'str'>"):
+        WaitingQueue(Table("core", {}))
+    with pytest.raises(TypeError, match="requests._by_rid must be a dict, got <class 'list'>"):
+        WaitingQueue(Table(vtc.Scheduler(M=10), []))
+    q = WaitingQueue(Table(vtc.Scheduler(M=10), {}))
     with pytest.raises(AttributeError):
         del q._pending
     with pytest.raises(AttributeError):
@@ -277,3 +283,152 @@ def test_the_locality_window_orders_the_native_peek_as_the_table() -> None:
         assert q.pop_request() is tb.request and ad.requests.head() is tb
         q.admit_next = 32
         assert len(q) == 1 and ad.core.counters() == {"a": 0.0, "b": 8.0}
+
+
+# -- record_outputs: a step's charge and finishes, against Requests' own -------------
+
+
+class Out:
+    """One request's output in a step (vLLM's ``EngineCoreOutput``)."""
+
+    def __init__(self, request_id, n: int, finished: bool = False) -> None:
+        self.request_id = request_id
+        self.new_token_ids = list(range(n))
+        self.finish_reason = "stop" if finished else None
+
+
+class Group:
+    """A step's outputs for one API-server client (vLLM's ``EngineCoreOutputs``)."""
+
+    def __init__(self, outputs: list[Out]) -> None:
+        self.outputs = outputs
+
+
+class Done:
+    """An engine request that says whether it finished (vLLM's ``is_finished()``)."""
+
+    def __init__(self, key: str, finished: bool = True) -> None:
+        self.key, self.finished = key, finished
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+class Shell(Queue):
+    """:class:`Queue` with ``vtc.vllm.VTCRequestQueue``'s ``release_finished``."""
+
+    def release_finished(self, finished) -> None:
+        released = self.requests.release_finished(finished, lambda r: r.is_finished())
+        if self._pending is not None and self._pending in released:
+            self._pending = None
+
+
+class Tokens(vtc.adapter.Observer):
+    def __init__(self) -> None:
+        self.got: list[tuple[str, int]] = []
+
+    def charged(self, produced) -> None:
+        self.got.extend((t.key, n) for t, n in produced)
+
+
+def twin_tables(observed: bool):
+    """Two tables over two cores with the same requests: 6 running (2 per tenant),
+    2 waiting, one of which never finishes (a resumable request's turn)."""
+    tables = []
+    for _ in range(2):
+        tally = Tokens()
+        ad = Adapter(vtc.Scheduler(M=10_000), EngineConfig(), observers=[tally] if observed else [])
+        r = ad.requests
+        for i in range(8):
+            r.submit(f"k{i}", Done(f"k{i}", finished=i != 3), "abc"[i % 3], 10)
+        for _ in range(6):
+            r.admit(r.head(), 0)
+        tables.append((r, tally))
+    return tables
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    observed=st.booleans(),
+    split=st.booleans(),
+    finished_given=st.booleans(),
+    tokens_given=st.booleans(),
+)
+def test_record_outputs_charges_and_releases_as_requests_does(
+    data, observed, split, finished_given, tokens_given
+) -> None:
+    (native, tally_n), (python, tally_p) = twin_tables(observed)
+    running = [
+        k for k, s in zip([t.key for t in native], native.statuses(list(native))) if s == RUNNING
+    ]
+    # a step: every running request once with one length (uniform), or any keys
+    uniform = data.draw(st.booleans())
+    if uniform:
+        n = data.draw(st.integers(1, 3))
+        keys = data.draw(st.permutations(running))
+        counts = [n] * len(keys)
+    else:
+        keys = data.draw(st.lists(st.sampled_from([*running, "k6", "k7", "stranger"]), max_size=8))
+        counts = data.draw(st.lists(st.integers(0, 3), min_size=len(keys), max_size=len(keys)))
+    ends = data.draw(st.lists(st.booleans(), min_size=len(keys), max_size=len(keys)))
+    outs = [Out(k, c, e) for k, c, e in zip(keys, counts, ends)]
+    is_running = uniform or (len(set(keys)) == len(keys) and set(keys) <= set(running))
+    claim = is_running and data.draw(st.booleans())
+    tokens = [o.new_token_ids for o in data.draw(st.permutations(outs))] if tokens_given else None
+    finished = (
+        set(data.draw(st.lists(st.sampled_from(["k0", "k3", "k5", "k7", "gone"]))))
+        if finished_given
+        else None
+    )
+    groups = [Group(outs[:2]), Group(outs[2:])] if split else [Group(outs)]
+
+    q = Shell(native)
+    q.pop_request()  # a pending pop (k6, waiting) that a finish may release
+    q._pending = native.get("k6")
+    changes, uniform_steps = native.changes, native.uniform_steps
+    q.record_outputs(groups, finished, claim, tokens)
+
+    # Requests' own: charge_outputs, then release_finished of the finished ids
+    before = python.changes
+    if outs:
+        python.charge_outputs(outs, running=claim, tokens=tokens)
+        ids = finished if finished is not None else [o.request_id for o in outs if o.finish_reason]
+        if ids:
+            python.release_finished(ids, lambda r: r.is_finished())
+    assert native.changes - changes == python.changes - before
+    assert native.uniform_steps - uniform_steps == python.uniform_steps
+    assert sorted(t.key for t in native) == sorted(t.key for t in python)
+    assert native.core.counters() == python.core.counters()
+    assert native.core.tokens() == python.core.tokens()
+    assert sorted(tally_n.got) == sorted(tally_p.got)
+    if tally_p.got:
+        event("observed a charge")
+    assert (q._pending is None) == ("k6" not in {t.key for t in native})
+
+
+def test_record_outputs_of_no_outputs_does_nothing() -> None:
+    (r, _), _ = twin_tables(False)
+    q = Shell(r)
+    changes = r.changes
+    q.record_outputs([])
+    q.record_outputs([Group([])], {"k0"})
+    q.record_outputs(iter([Group([]), Group([])]))
+    assert r.changes == changes and len(r) == 8
+
+
+def test_a_uniform_step_is_charged_natively_once() -> None:
+    (r, _), _ = twin_tables(False)
+    q = Shell(r)
+    running = [t for t, s in zip(list(r), r.statuses(list(r))) if s == RUNNING]
+    outs = [Out(t.key, 2) for t in running]
+    before = r.core.tokens()
+    q.record_outputs([Group(outs)], set(), True, [o.new_token_ids for o in outs])
+    assert r.uniform_steps == 1
+    after = r.core.tokens()
+    assert {k: after[k][1] - before[k][1] for k in after} == {"a": 4, "b": 4, "c": 4}
+    # lists of two lengths: read by id, not uniform
+    outs[0].new_token_ids.append(0)
+    q.record_outputs([Group(outs)], None, True, [o.new_token_ids for o in outs])
+    assert r.uniform_steps == 1
+    assert sum(d for _, d in r.core.tokens().values()) == 12 + 13

@@ -245,13 +245,14 @@ class TenantRule:
 @disjoint_base
 class WaitingQueue:
     """The native half of an engine's waiting queue (``vtc.vllm.VTCRequestQueue``
-    derives from it): the hot questions answered with no Python frame, each from
-    the core under its lock. ``records``: core id -> the request's record (an
-    object with a ``request`` attribute: the engine's request), held, not copied
-    (``vtc.adapter.Requests._by_rid``). Every method first calls ``self.settle()``
+    derives from it): the hot questions and the step's charge with no Python frame.
+    ``requests`` is the ``vtc.adapter.Requests`` table it serves: its ``core`` (a
+    ``Scheduler``, else ``TypeError``) answers, under its lock; its ``_by_rid`` (core
+    id -> record, a dict, held, not copied) gives each record's ``request`` (the
+    engine's). Every method but ``record_outputs`` first calls ``self.settle()``
     (the subclass's) while a pop is pending."""
 
-    def __new__(cls, core: Scheduler, records: dict[int, Any]) -> Self: ...
+    def __new__(cls, requests: Any) -> Self: ...
     @property
     def _pending(self) -> Any | None:
         """The record ``pop_request`` took, until ``settle`` decides it (None)."""
@@ -266,6 +267,20 @@ class WaitingQueue:
         ``IndexError`` if none waits."""
     def pop_request(self) -> Any:
         """As ``peek_request``, and its record becomes the pending pop."""
+    def record_outputs(
+        self,
+        outputs: Iterable[Any],
+        finished: Any = None,
+        running: bool = False,
+        tokens: list[Any] | None = None,
+    ) -> None:
+        """One step's output groups (each with an ``outputs`` list): charged as
+        ``requests.charge_outputs(outs, running=running, tokens=tokens)`` charges
+        them (natively when ``running``, ``tokens`` a list of one list per output,
+        all of one length, and no observer: ``decode_uniform``, one more in
+        ``requests.changes`` and ``requests.uniform_steps``); then, if any finished,
+        ``self.release_finished(finished)`` (the subclass's): ``finished``, else the
+        ids of the outputs whose ``finish_reason`` is not None."""
 
 @final
 class MetricsMirror:

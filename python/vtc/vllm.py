@@ -109,7 +109,14 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
     vLLM asks ``bool``, ``len``, ``peek_request()`` and ``pop_request()``
     several times a step: they are native (:class:`vtc._core.WaitingQueue`, this
     class's base), the core's own answers with no Python frame; each settles a
-    pending pop first (:meth:`settle`, here).
+    pending pop first (:meth:`settle`, here). So is ``record_outputs(outputs,
+    finished=None, running=False, tokens=None)``, once a step: one step's
+    ``EngineCoreOutputs`` charged (:meth:`vtc.adapter.Requests.charge_outputs`;
+    ``running``: every output is from a distinct request running in the core,
+    ``tokens`` the step's sampled token lists, :meth:`_VTCMixin.update_from_output`
+    knows when), then the finished ones forgotten (:meth:`release_finished`):
+    ``finished``, the ids vLLM freed (``finished_req_ids``), else the outputs with
+    a ``finish_reason``.
     """
 
     def __new__(
@@ -119,7 +126,7 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         requests: Requests | None = None,
     ) -> VTCRequestQueue:
         requests = Requests(core) if requests is None else requests  # by vLLM id
-        self = super().__new__(cls, core, requests._by_rid)  # (the native half's state)
+        self = super().__new__(cls, requests)  # (the native half holds the table)
         self.core = core
         self._tenant_of = tenant_of
         self.requests = requests
@@ -216,33 +223,14 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
         self.requests.charge_keys(produced.items())
 
-    def record_outputs(
-        self,
-        outputs: Iterable[Any],
-        finished: Iterable[str] | None = None,
-        running: bool = False,
-        tokens: list[Any] | None = None,
-    ) -> None:
-        """One step's ``EngineCoreOutputs``: charge the tokens each request produced
-        (:meth:`vtc.adapter.Requests.charge_outputs`), then forget the ones that
-        finished: ``finished``, the ids vLLM freed (``finished_req_ids``), else
-        the outputs with a ``finish_reason``. ``running``: every output is from a
-        distinct request running in the core, and ``tokens`` (if given) are the
-        step's sampled token lists (``charge_outputs``; the scheduler knows
-        when, :meth:`_VTCMixin.update_from_output`)."""
-        groups = list(outputs)  # one per API-server client: one here
-        outs = groups[0].outputs if len(groups) == 1 else [o for g in groups for o in g.outputs]
-        if not outs:
-            return
-        requests = self.requests
-        requests.charge_outputs(outs, running=running, tokens=tokens)
-        if finished is None:
-            finished = [out.request_id for out in outs if out.finish_reason is not None]
-        if finished:
-            # A resumable (streaming-input) request stops a turn without finishing.
-            released = requests.release_finished(finished, _is_finished)
-            if self._pending is not None and self._pending in released:
-                self._pending = None
+    def release_finished(self, finished: Iterable[str]) -> None:
+        """Forget the requests vLLM finished in a step (``finished``: their ids; a
+        resumable, streaming-input request that only stopped a turn stays), after
+        :meth:`record_outputs` (native: ``vtc._core.WaitingQueue``) charged what the
+        step's outputs produced."""
+        released = self.requests.release_finished(finished, _is_finished)
+        if self._pending is not None and self._pending in released:
+            self._pending = None
 
     @property
     def num_aside(self) -> int:

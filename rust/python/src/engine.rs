@@ -327,7 +327,7 @@ impl PyScheduler {
         signature = (outputs, /, *, tokens_attr = Some("new_token_ids")),
         text_signature = "(self, outputs, /, *, tokens_attr='new_token_ids')"
     )]
-    fn decode_uniform(
+    pub(crate) fn decode_uniform(
         &self,
         py: Python<'_>,
         outputs: &Bound<'_, PyAny>,

@@ -1,23 +1,24 @@
 //! `WaitingQueue`: the hot half of an engine's waiting queue, answered here with
 //! no Python frame: whether any request waits (`bool`), how many (`len`), the
-//! request the core admits next (`peek_request`) and its provisional pop
-//! (`pop_request`).
+//! request the core admits next (`peek_request`), its provisional pop
+//! (`pop_request`), and the charge of a step's outputs (`record_outputs`).
 //!
-//! vLLM asks these ~6.5 times a step; as Python methods over
-//! `vtc.adapter.Requests` they were ~20,000 instructions of VTC's ~96,500 a step
-//! (bench/README.md, 39 and 43). A Python subclass (`vtc.vllm.VTCRequestQueue`)
-//! keeps every other method, and `settle`, which decides the provisional pop:
-//! each method here calls it first while a pop is pending, as the Python
-//! methods did. The answers are the core's own (its `num_waiting`, its `peek`
-//! with the prefix lookup the core holds), read under the core's lock; the
-//! engine's request is the `request` attribute of the record `Requests` keeps by
-//! core id (its `_by_rid` dict, shared, not copied).
+//! vLLM asks the first four ~6.5 times a step and the last once; as Python
+//! methods over `vtc.adapter.Requests` they were about a third of VTC's
+//! instructions a step (bench/README.md, 39 and 43). A Python subclass
+//! (`vtc.vllm.VTCRequestQueue`) keeps every other method, `settle`, which decides
+//! the provisional pop (each method here calls it first while a pop is pending,
+//! as the Python methods did), and `release_finished`, a step's finishes. The
+//! answers are the core's own (its `num_waiting`, its `peek` with the prefix
+//! lookup the core holds), read under the core's lock; the engine's request is
+//! the `request` attribute of the record `Requests` keeps by core id (its
+//! `_by_rid` dict, shared, not copied).
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyIndexError, PyKeyError};
+use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
@@ -26,8 +27,11 @@ use crate::PyScheduler;
 /// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
 #[pyclass(frozen, subclass, module = "vtc._core", name = "WaitingQueue")]
 pub(crate) struct PyWaitingQueue {
+    /// `vtc.adapter.Requests`: its counters and its rare paths.
+    requests: Py<PyAny>,
+    /// `requests.core`.
     core: Py<PyScheduler>,
-    /// `Requests._by_rid`: core id -> the request's record.
+    /// `requests._by_rid`: core id -> the request's record.
     records: Py<PyDict>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
@@ -64,17 +68,90 @@ impl PyWaitingQueue {
             None => Err(PyKeyError::new_err(rid).into()),
         }
     }
+
+    /// `requests.<name> += 1`.
+    fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, pyo3::types::PyString>) -> PyResult<()> {
+        let n = requests.getattr(name)?.add(1)?;
+        requests.setattr(name, n)
+    }
+
+    /// Charge a step's outputs `outs` as `Requests.charge_outputs(outs,
+    /// running=running, tokens=tokens)` does. Its common step natively: every
+    /// output from a distinct running request (`running`), each of the step's token
+    /// lists `tokens` of one length, one per output, and no observer to tell;
+    /// `decode_uniform` then charges it (one change, one uniform step). Any other
+    /// step is `charge_outputs`' own, told what this call already learnt (lists
+    /// not of one length: it need not read them again).
+    fn charge(
+        &self,
+        py: Python<'_>,
+        outs: &Bound<'_, PyAny>,
+        running: bool,
+        tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let requests = self.requests.bind(py);
+        let charge_outputs = intern!(py, "charge_outputs");
+        let lists = match tokens {
+            Some(t) if running => t.cast_exact::<PyList>().ok(),
+            _ => None,
+        };
+        if let Some(lists) = lists {
+            if lists.len() == outs.len()?
+                && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
+            {
+                return match self.core.get().decode_uniform(py, lists.as_any(), None) {
+                    Ok(true) => {
+                        Self::bump(requests, intern!(py, "changes"))?;
+                        Self::bump(requests, intern!(py, "uniform_steps"))
+                    }
+                    // not uniform: read by id (what charge_outputs does next)
+                    Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
+                    // refused: charge_outputs' own fallback, after the same refusal
+                    Err(_) => {
+                        let kwargs = PyDict::new(py);
+                        kwargs.set_item(intern!(py, "running"), true)?;
+                        kwargs.set_item(intern!(py, "tokens"), lists)?;
+                        requests
+                            .call_method(charge_outputs, (outs,), Some(&kwargs))
+                            .map(drop)
+                    }
+                };
+            }
+        }
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "running"), running)?;
+        kwargs.set_item(intern!(py, "tokens"), tokens)?;
+        requests
+            .call_method(charge_outputs, (outs,), Some(&kwargs))
+            .map(drop)
+    }
 }
 
 #[pymethods]
 impl PyWaitingQueue {
     #[new]
-    fn new(core: Py<PyScheduler>, records: Py<PyDict>) -> Self {
-        PyWaitingQueue {
-            core,
-            records,
+    fn new(requests: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = requests.py();
+        let core = requests.getattr(intern!(py, "core"))?;
+        let core = core.cast_into::<PyScheduler>().map_err(|e| {
+            PyTypeError::new_err(format!(
+                "requests.core must be a vtc.Scheduler, got {}",
+                e.into_inner().get_type()
+            ))
+        })?;
+        let records = requests.getattr(intern!(py, "_by_rid"))?;
+        let records = records.cast_into_exact::<PyDict>().map_err(|e| {
+            PyTypeError::new_err(format!(
+                "requests._by_rid must be a dict, got {}",
+                e.into_inner().get_type()
+            ))
+        })?;
+        Ok(PyWaitingQueue {
+            requests: requests.clone().unbind(),
+            core: core.unbind(),
+            records: records.unbind(),
             pending: Mutex::new(None),
-        }
+        })
     }
 
     #[getter(_pending)]
@@ -111,7 +188,67 @@ impl PyWaitingQueue {
         Ok(request)
     }
 
+    /// One step's output groups: charge what each request produced, then hand the
+    /// finished ones to `self.release_finished`.
+    #[pyo3(signature = (outputs, finished = None, running = false, tokens = None))]
+    fn record_outputs(
+        slf: &Bound<'_, Self>,
+        outputs: &Bound<'_, PyAny>,
+        finished: Option<&Bound<'_, PyAny>>,
+        running: bool,
+        tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let name = intern!(py, "outputs");
+        // one group per API-server client: one here
+        let mut groups = outputs.try_iter()?;
+        let Some(first) = groups.next() else {
+            return Ok(());
+        };
+        let first = first?.getattr(name)?;
+        let outs = match groups.next() {
+            None => first,
+            Some(second) => {
+                let all = PyList::empty(py);
+                for group in [Ok(first), second?.getattr(name)] {
+                    for out in group?.try_iter()? {
+                        all.append(out?)?;
+                    }
+                }
+                for group in groups {
+                    for out in group?.getattr(name)?.try_iter()? {
+                        all.append(out?)?;
+                    }
+                }
+                all.into_any()
+            }
+        };
+        if !outs.is_truthy()? {
+            return Ok(());
+        }
+        slf.get().charge(py, &outs, running, tokens)?;
+        let finished = match finished {
+            Some(f) if !f.is_none() => f.clone(),
+            _ => {
+                // the outputs that say they finished
+                let ids = PyList::empty(py);
+                for out in outs.try_iter()? {
+                    let out = out?;
+                    if !out.getattr(intern!(py, "finish_reason"))?.is_none() {
+                        ids.append(out.getattr(intern!(py, "request_id"))?)?;
+                    }
+                }
+                ids.into_any()
+            }
+        };
+        if finished.is_truthy()? {
+            slf.call_method1(intern!(py, "release_finished"), (finished,))?;
+        }
+        Ok(())
+    }
+
     fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {
+        visit.call(&self.requests)?;
         visit.call(&self.core)?;
         visit.call(&self.records)?;
         if let Some(pending) = self.pending.try_lock() {
