@@ -255,8 +255,6 @@ def test_the_arguments_are_checked() -> None:
     q = WaitingQueue(Table(vtc.Scheduler(M=10), {}))
     with pytest.raises(AttributeError):
         del q._pending
-    with pytest.raises(AttributeError):
-        q.settle  # noqa: B018 - the base has none: a subclass decides pops
 
 
 def test_a_cycle_through_the_pending_pop_is_collected() -> None:
@@ -432,3 +430,123 @@ def test_a_uniform_step_is_charged_natively_once() -> None:
     q.record_outputs([Group(outs)], None, True, [o.new_token_ids for o in outs])
     assert r.uniform_steps == 1
     assert sum(d for _, d in r.core.tokens().values()) == 12 + 13
+
+
+# -- settle: the pending pop decided by the engine's statuses, natively ---------------
+
+RUN, LOAD = "RUNNING", "WAITING_FOR_REMOTE_KVS"  # (the engine's statuses: any objects)
+
+
+class EngineReq:
+    """An engine request as vLLM's settle reads it."""
+
+    def __init__(self, request_id: str, status: str = "WAITING", computed: int = 0) -> None:
+        self.request_id, self.status, self.num_computed_tokens = request_id, status, computed
+
+
+class Native(WaitingQueue):
+    """The native settle (the statuses given), as ``vtc.vllm.VTCRequestQueue`` uses it."""
+
+    def __new__(cls, requests: Requests):
+        return super().__new__(cls, requests, RUN, LOAD)
+
+
+def reference_settle(requests: Requests, t, num_scheduled_tokens) -> None:
+    """What ``VTCRequestQueue.settle`` did in Python, for the pop ``t``."""
+    request = t.request
+    status, computed = request.status, request.num_computed_tokens
+    if not (status == RUN or status == LOAD or computed > 0):
+        requests.set_aside(t)
+        return
+    if num_scheduled_tokens is not None and status == RUN:
+        computed -= num_scheduled_tokens.get(request.request_id, 0)
+    requests.admit(t, computed)
+
+
+class Schedule(dict):
+    """A step's schedule that is a mapping but not a dict's own ``get``."""
+
+    def get(self, key, default=None):
+        return super().get(key, default)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    status=st.sampled_from([RUN, LOAD, "WAITING", "PREEMPTED"]),
+    computed=st.integers(0, 15),
+    scheduled=st.sampled_from(["none", "has", "other", "mapping"]),
+    n=st.integers(0, 15),
+    owed=st.integers(0, 3),
+)
+def test_the_native_settle_decides_as_vllms_did(status, computed, scheduled, n, owed) -> None:
+    tables = []
+    for _ in range(2):
+        r = Requests(vtc.Scheduler(M=1000))
+        t = r.submit("a", EngineReq("a", status, computed), "x", 12)
+        r.submit("b", EngineReq("b"), "y", 10)
+        t.owed = owed
+        tables.append((r, t))
+    nst = {
+        "none": None,
+        "has": {"a": n, "b": 1},
+        "other": {"b": n},
+        "mapping": Schedule(a=n),
+    }[scheduled]
+    (native, tn), (python, tp) = tables
+    q = Native(native)
+    assert q.pop_request() is tn.request
+    q.settle(nst)
+    reference_settle(python, tp, nst)
+    assert q._pending is None
+    assert native.statuses([tn]) == python.statuses([tp])
+    assert native.core.counters() == python.core.counters()
+    assert native.core.tokens() == python.core.tokens()
+    assert (native.changes, native.num_aside, tn.owed) == (
+        python.changes,
+        python.num_aside,
+        tp.owed,
+    )
+
+
+def test_a_settle_of_nothing_pending_does_nothing() -> None:
+    requests = Requests(vtc.Scheduler(M=100))
+    for q in (Native(requests), WaitingQueue(requests)):
+        changes = requests.changes
+        q.settle()
+        q.settle({"a": 1})
+        assert requests.changes == changes and q._pending is None
+
+
+def test_a_queue_without_statuses_refuses_to_settle_and_keeps_the_pop() -> None:
+    requests = Requests(vtc.Scheduler(M=100))
+    t = requests.submit("a", EngineReq("a", RUN, 5), "x", 10)
+    q = WaitingQueue(requests)  # (no subclass settle either)
+    q._pending = t
+    with pytest.raises(NotImplementedError, match="without the engine's running and loading"):
+        q.settle()
+    with pytest.raises(NotImplementedError):
+        len(q)  # (the hot questions settle first)
+    assert q._pending is t and requests.status(t) == WAITING
+
+
+def test_a_settle_whose_admission_raises_leaves_nothing_pending() -> None:
+    class Refusing(Requests):
+        def admit(self, t, cached_len):
+            raise RuntimeError("refused")
+
+    requests = Refusing(vtc.Scheduler(M=100))
+    t = requests.submit("a", EngineReq("a", RUN, 5), "x", 10)
+    q = Native(requests)
+    assert q.pop_request() is t.request
+    with pytest.raises(RuntimeError, match="refused"):
+        bool(q)
+    assert q._pending is None and requests.status(t) == WAITING
+
+    class NoStatus:
+        request_id = "b"
+
+    t2 = requests.submit("b", NoStatus(), "x", 10)
+    q._pending = t2
+    with pytest.raises(AttributeError, match="status"):
+        q.settle()
+    assert q._pending is None and requests.status(t2) == WAITING

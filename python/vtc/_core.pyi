@@ -249,10 +249,20 @@ class WaitingQueue:
     ``requests`` is the ``vtc.adapter.Requests`` table it serves: its ``core`` (a
     ``Scheduler``, else ``TypeError``) answers, under its lock; its ``_by_rid`` (core
     id -> record, a dict, held, not copied) gives each record's ``request`` (the
-    engine's). Every method but ``record_outputs`` first calls ``self.settle()``
-    (the subclass's) while a pop is pending."""
+    engine's). Every method but ``settle`` and ``record_outputs`` first calls
+    ``self.settle()`` while a pop is pending (a subclass may decide its pops
+    itself)."""
 
-    def __new__(cls, requests: Any) -> Self: ...
+    def __new__(cls, requests: Any, running: Any = None, loading: Any = None) -> Self: ...
+    def settle(self, num_scheduled_tokens: Mapping[Any, int] | None = None) -> None:
+        """Decide the pending pop (none: nothing to do), by its record's ``request``:
+        admitted (``requests.admit(record, cached)``) if its ``status`` equals
+        ``running`` or ``loading`` (the engine's statuses given at construction) or
+        its ``num_computed_tokens`` is above 0; else skipped
+        (``requests.set_aside(record)``). ``cached`` is ``num_computed_tokens``, less
+        ``num_scheduled_tokens.get(request.request_id, 0)`` for a running request.
+        Nothing stays pending, whatever raises. Built without the statuses:
+        ``NotImplementedError`` (a subclass decides its pops itself)."""
     @property
     def _pending(self) -> Any | None:
         """The record ``pop_request`` took, until ``settle`` decides it (None)."""

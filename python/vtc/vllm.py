@@ -109,7 +109,13 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
     vLLM asks ``bool``, ``len``, ``peek_request()`` and ``pop_request()``
     several times a step: they are native (:class:`vtc._core.WaitingQueue`, this
     class's base), the core's own answers with no Python frame; each settles a
-    pending pop first (:meth:`settle`, here). So is ``record_outputs(outputs,
+    pending pop first. So is ``settle(num_scheduled_tokens=None)``, which decides
+    the pending pop: admitted (``Requests.admit`` with its computed tokens, less the
+    step's scheduled ones, ``num_scheduled_tokens``, at the end of ``schedule()``,
+    when vLLM has advanced ``num_computed_tokens`` by them past the prefix hit) if
+    vLLM made it RUNNING, or it is loading KV (WAITING_FOR_REMOTE_KVS: it holds
+    blocks), or has tokens computed; else skipped (``Requests.set_aside``). And so
+    is ``record_outputs(outputs,
     finished=None, running=False, tokens=None)``, once a step: one step's
     ``EngineCoreOutputs`` charged (:meth:`vtc.adapter.Requests.charge_outputs`;
     ``running``: every output is from a distinct request running in the core,
@@ -126,7 +132,9 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         requests: Requests | None = None,
     ) -> VTCRequestQueue:
         requests = Requests(core) if requests is None else requests  # by vLLM id
-        self = super().__new__(cls, requests)  # (the native half holds the table)
+        # the native half holds the table, and settles pops by vLLM's statuses: admitted
+        # if running, or loading KV (it holds blocks), or with tokens computed
+        self = super().__new__(cls, requests, _RUNNING, _WAITING_FOR_REMOTE_KVS)
         self.core = core
         self._tenant_of = tenant_of
         self.requests = requests
@@ -146,26 +154,6 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
             return False
         t = self.requests.get(request.request_id)
         return t is not None and t is not self._pending and self.requests.status(t) == WAITING
-
-    def settle(self, num_scheduled_tokens: Mapping[str, int] | None = None) -> None:
-        """Decide the last provisional pop: admitted (charge) or skipped (set aside).
-        ``num_scheduled_tokens``: the step's schedule, at the end of ``schedule()``,
-        when vLLM has advanced ``num_computed_tokens`` by it past the prefix hit."""
-        t = self._pending
-        if t is None:
-            return
-        self._pending = None
-        request = t.request
-        status, computed = request.status, request.num_computed_tokens
-        # admitted (vs. skipped): running, or loading KV (WAITING_FOR_REMOTE_KVS:
-        # it holds blocks), or with tokens computed (the test inline: a frame less)
-        if not (status == _RUNNING or status == _WAITING_FOR_REMOTE_KVS or computed > 0):
-            self.requests.set_aside(t)
-            return
-        if num_scheduled_tokens is not None and status == _RUNNING:
-            computed -= num_scheduled_tokens.get(request.request_id, 0)
-        # (a preempted request's prompt is never charged again, whatever is cached)
-        self.requests.admit(t, computed)
 
     def add_request(self, request: Request) -> None:
         """A request arrives (or a paused session returns): submit it to the core."""
@@ -310,8 +298,7 @@ class _VTCMixin:
         with self._vtc_pass:
             output = super().schedule(*args, **kwargs)
         waiting = self.waiting
-        if waiting._pending is not None:  # (settle's own test, without its frame)
-            waiting.settle(output.num_scheduled_tokens)
+        waiting.settle(output.num_scheduled_tokens)  # (native: a no-op if nothing pends)
         same = len(self.running) == self.vtc.num_running
         self._vtc_scheduled = (output, waiting.requests.changes) if same else None
         return output
@@ -340,8 +327,7 @@ class _VTCMixin:
         does every output. Otherwise (a request scheduled without an output, a
         runner without lists) the outputs are read as before."""
         waiting = self.waiting
-        if waiting._pending is not None:  # (settle's own test, without its frame)
-            waiting.settle()
+        waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         scheduled, self._vtc_scheduled = self._vtc_scheduled, None
         running = (

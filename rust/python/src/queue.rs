@@ -15,7 +15,7 @@
 //! `_by_rid` dict, shared, not copied).
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyIndexError, PyKeyError, PyTypeError};
+use pyo3::exceptions::{PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -33,6 +33,9 @@ pub(crate) struct PyWaitingQueue {
     core: Py<PyScheduler>,
     /// `requests._by_rid`: core id -> the request's record.
     records: Py<PyDict>,
+    /// The engine's status of a running request, and of one loading its KV
+    /// (vLLM's `RUNNING`, `WAITING_FOR_REMOTE_KVS`): the native `settle`'s.
+    statuses: Option<(Py<PyAny>, Py<PyAny>)>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
 }
@@ -130,7 +133,12 @@ impl PyWaitingQueue {
 #[pymethods]
 impl PyWaitingQueue {
     #[new]
-    fn new(requests: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (requests, running = None, loading = None))]
+    fn new(
+        requests: &Bound<'_, PyAny>,
+        running: Option<Py<PyAny>>,
+        loading: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
         let py = requests.py();
         let core = requests.getattr(intern!(py, "core"))?;
         let core = core.cast_into::<PyScheduler>().map_err(|e| {
@@ -150,8 +158,63 @@ impl PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
             records: records.unbind(),
+            statuses: running.zip(loading),
             pending: Mutex::new(None),
         })
+    }
+
+    /// Decide the pending pop by what the engine did with its request: admitted
+    /// (`requests.admit(record, cached)`) if it is running, loading its KV, or has
+    /// tokens computed; else skipped (`requests.set_aside(record)`). `cached`: its
+    /// computed tokens, less this step's scheduled ones (`num_scheduled_tokens`,
+    /// the request id -> tokens of the step, given at the end of a scheduling
+    /// pass) for a running request. Nothing pending: nothing to do.
+    #[pyo3(signature = (num_scheduled_tokens = None))]
+    fn settle(
+        &self,
+        py: Python<'_>,
+        num_scheduled_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> Result<()> {
+        let mut pending = self.pending.lock();
+        if pending.is_none() {
+            return Ok(());
+        }
+        let Some((running, loading)) = &self.statuses else {
+            return Err(PyNotImplementedError::new_err(
+                "settle: this WaitingQueue was built without the engine's running and loading \
+                 statuses; a subclass without them decides its pops itself",
+            )
+            .into());
+        };
+        let Some(record) = pending.take() else {
+            return Ok(());
+        };
+        drop(pending); // (before any Python code runs)
+        let record = record.into_bound(py);
+        let request = record.getattr(intern!(py, "request"))?;
+        let status = request.getattr(intern!(py, "status"))?;
+        let mut computed = request.getattr(intern!(py, "num_computed_tokens"))?;
+        let is_running = status.eq(running)?;
+        let requests = self.requests.bind(py);
+        if !(is_running || status.eq(loading)? || computed.gt(0)?) {
+            requests.call_method1(intern!(py, "set_aside"), (record,))?;
+            return Ok(());
+        }
+        if let Some(scheduled) = num_scheduled_tokens.filter(|n| !n.is_none()) {
+            if is_running {
+                let id = request.getattr(intern!(py, "request_id"))?;
+                let n = match scheduled.cast::<PyDict>() {
+                    Ok(d) => d.get_item(id)?,
+                    Err(_) => Some(scheduled.call_method1(intern!(py, "get"), (id, 0))?),
+                };
+                if let Some(n) = n {
+                    computed = computed.sub(n)?;
+                }
+            }
+        }
+        // (a preempted request's prompt is never charged again, whatever is cached)
+        requests.call_method1(intern!(py, "admit"), (record, computed))?;
+        Ok(())
     }
 
     #[getter(_pending)]
