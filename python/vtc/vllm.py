@@ -106,23 +106,24 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
     running request is a preemption; removing one forgets it. Iteration yields
     waiting requests in arrival order.
 
-    vLLM asks ``bool``, ``len``, ``peek_request()`` and ``pop_request()``
-    several times a step: they are native (:class:`vtc._core.WaitingQueue`, this
-    class's base), the core's own answers with no Python frame; each settles a
-    pending pop first. So is ``settle(num_scheduled_tokens=None)``, which decides
-    the pending pop: admitted (``Requests.admit`` with its computed tokens, less the
-    step's scheduled ones, ``num_scheduled_tokens``, at the end of ``schedule()``,
-    when vLLM has advanced ``num_computed_tokens`` by them past the prefix hit) if
-    vLLM made it RUNNING, or it is loading KV (WAITING_FOR_REMOTE_KVS: it holds
-    blocks), or has tokens computed; else skipped (``Requests.set_aside``). And so
-    is ``record_outputs(outputs,
-    finished=None, running=False, tokens=None)``, once a step: one step's
-    ``EngineCoreOutputs`` charged (:meth:`vtc.adapter.Requests.charge_outputs`;
-    ``running``: every output is from a distinct request running in the core,
-    ``tokens`` the step's sampled token lists, :meth:`_VTCMixin.update_from_output`
-    knows when), then the finished ones forgotten (:meth:`release_finished`):
-    ``finished``, the ids vLLM freed (``finished_req_ids``), else the outputs with
-    a ``finish_reason``.
+    The methods vLLM calls every step are native (:class:`vtc._core.WaitingQueue`,
+    this class's base), with no Python frame:
+
+    * ``bool``, ``len``, ``peek_request()`` and ``pop_request()``: the core's own
+      answers; each settles a pending pop first;
+    * ``settle(num_scheduled_tokens=None)`` decides the pending pop: admitted
+      (``Requests.admit`` with its computed tokens, less the step's scheduled ones,
+      ``num_scheduled_tokens``, given at the end of ``schedule()``, when vLLM has
+      advanced ``num_computed_tokens`` by them past the prefix hit) if vLLM made
+      it RUNNING, or it is loading KV (WAITING_FOR_REMOTE_KVS: it holds blocks),
+      or has tokens computed; else skipped (``Requests.set_aside``);
+    * ``record_outputs(outputs, finished=None, running=False, tokens=None)``, once
+      a step: the step's ``EngineCoreOutputs`` charged
+      (:meth:`vtc.adapter.Requests.charge_outputs`; ``running``: every output is
+      from a distinct request running in the core, ``tokens`` the step's sampled
+      token lists, :meth:`_VTCMixin.update_from_output` knows when), then the
+      finished ones forgotten (:meth:`release_finished`): ``finished``, the ids
+      vLLM freed (``finished_req_ids``), else the outputs with a ``finish_reason``.
     """
 
     def __new__(
