@@ -550,3 +550,75 @@ def test_a_settle_whose_admission_raises_leaves_nothing_pending() -> None:
     with pytest.raises(AttributeError, match="status"):
         q.settle()
     assert q._pending is None and requests.status(t2) == WAITING
+
+
+# -- scheduled / record_step: the step kept between vLLM's schedule and update --------
+
+
+class Runner:
+    """A model runner's output: the step's sampled token lists."""
+
+    def __init__(self, sampled) -> None:
+        self.sampled_token_ids = sampled
+
+
+class StepOut:
+    """A scheduler's output: the step's schedule."""
+
+    def __init__(self, num_scheduled_tokens) -> None:
+        self.num_scheduled_tokens = num_scheduled_tokens
+
+
+class StepShell(Native):
+    def release_finished(self, finished) -> None:
+        Shell.release_finished(self, finished)  # type: ignore[arg-type]
+
+
+def running_step(uniform_tokens: int = 1):
+    """A table with 6 requests running (and 2 waiting), and a step's outputs from
+    every running one, each with ``uniform_tokens`` tokens."""
+    (r, _), _ = twin_tables(False)
+    running = [t for t, s in zip(list(r), r.statuses(list(r))) if s == RUNNING]
+    outs = [Out(t.key, uniform_tokens) for t in running]
+    return r, StepShell(r), outs
+
+
+def test_a_kept_step_is_charged_as_running_once() -> None:
+    r, q, outs = running_step(2)
+    step = StepOut({o.request_id: 1 for o in outs})
+    q.scheduled(step, len(outs))
+    q.record_step(step, Runner([o.new_token_ids for o in outs]), {0: Group(outs)}, set())
+    assert r.uniform_steps == 1
+    # used once: the same update again is read by id
+    q.record_step(step, Runner([o.new_token_ids for o in outs]), {0: Group(outs)}, set())
+    assert r.uniform_steps == 1
+    assert sum(d for _, d in r.core.tokens().values()) == 24
+
+
+@pytest.mark.parametrize("why", ["count", "other step", "changed", "no lists", "not lists"])
+def test_a_step_not_kept_or_changed_is_read_by_id(why) -> None:
+    r, q, outs = running_step()
+    step = StepOut({})
+    q.scheduled(step, len(outs) + (why == "count"))
+    sampled = [o.new_token_ids for o in outs]
+    runner = Runner(sampled)
+    if why == "changed":
+        r.submit("late", Done("late"), "a", 5)
+    elif why == "no lists":
+        runner = object()
+    elif why == "not lists":
+        runner = Runner([tuple(x) for x in sampled])
+    q.record_step(StepOut({}) if why == "other step" else step, runner, {0: Group(outs)}, None)
+    # (without the runner's lists the outputs are read: still one uniform charge)
+    assert r.uniform_steps == (1 if why in ("no lists", "not lists") else 0)
+    assert sum(d for _, d in r.core.tokens().values()) == 6
+
+
+def test_scheduled_settles_the_pending_pop_by_the_steps_schedule() -> None:
+    requests = Requests(vtc.Scheduler(M=1000))
+    t = requests.submit("a", EngineReq("a", RUN, 12), "x", 20)
+    q = Native(requests)
+    q.pop_request()
+    q.scheduled(StepOut({"a": 5}), 1)  # 12 computed, 5 of them this step: 7 cached
+    assert q._pending is None and requests.status(t) == RUNNING
+    assert requests.core.tokens() == {"x": (13, 0)}

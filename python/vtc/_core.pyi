@@ -277,6 +277,23 @@ class WaitingQueue:
         ``IndexError`` if none waits."""
     def pop_request(self) -> Any:
         """As ``peek_request``, and its record becomes the pending pop."""
+    def scheduled(self, output: Any, running: int) -> None:
+        """The engine scheduled a step (``output``): the pending pop settled by its
+        ``num_scheduled_tokens``, and the step kept for ``record_step`` if
+        ``running`` (the engine's running requests) equals the core's
+        ``num_running``, with ``requests.changes`` now (else nothing is kept)."""
+    def record_step(
+        self,
+        scheduler_output: Any,
+        model_runner_output: Any,
+        outputs: Mapping[Any, Any],
+        finished: Any,
+    ) -> None:
+        """``record_outputs(outputs.values(), finished, running, tokens)`` of an
+        updated step: ``running`` when ``scheduler_output`` is the step
+        ``scheduled`` kept (used once) and ``requests.changes`` is as it was then;
+        ``tokens``, for a running step, ``model_runner_output.sampled_token_ids``
+        if it is a non-empty list whose first item is a list (else None)."""
     def record_outputs(
         self,
         outputs: Iterable[Any],

@@ -288,20 +288,15 @@ class _VTCMixin:
 
         return self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache") is not None
 
-    #: the output of the last ``schedule()`` and ``Requests.changes`` then, while
-    #: vLLM's running list and the core's running set have as many requests
-    #: (None otherwise): see :meth:`update_from_output`
-    _vtc_scheduled: tuple[Any, int] | None = None
-
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's step (one locality pass: each waiting request's prefix hit is
         asked once), then settle the step's last provisional pop."""
         with self._vtc_pass:
             output = super().schedule(*args, **kwargs)
-        waiting = self.waiting
-        waiting.settle(output.num_scheduled_tokens)  # (native: a no-op if nothing pends)
-        same = len(self.running) == self.vtc.num_running
-        self._vtc_scheduled = (output, waiting.requests.changes) if same else None
+        # (native: the last pop settled by the step's schedule; the step kept, with
+        # the table's change count, while vLLM's running list and the core's running
+        # set have as many requests: see update_from_output)
+        self.waiting.scheduled(output, len(self.running))
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -330,19 +325,12 @@ class _VTCMixin:
         waiting = self.waiting
         waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        scheduled, self._vtc_scheduled = self._vtc_scheduled, None
-        running = (
-            scheduled is not None
-            and scheduled[0] is scheduler_output
-            and scheduled[1] == waiting.requests.changes
-        )
-        # The requests vLLM freed since its last schedule(): this step's finishes
-        # (and aborts, which finish_requests already forgot).
+        # (native: the step schedule() kept, if it is this one and the table has not
+        # changed since, charged as running with the runner's token lists; then the
+        # requests vLLM freed since its last schedule(): this step's finishes, and
+        # aborts, which finish_requests already forgot)
         finished = getattr(self, "finished_req_ids", None)
-        tokens = getattr(model_runner_output, "sampled_token_ids", None) if running else None
-        if not (type(tokens) is list and tokens and type(tokens[0]) is list):
-            tokens = None  # (another runner's shape: the outputs are read)
-        waiting.record_outputs(outputs.values(), finished, running, tokens)
+        waiting.record_step(scheduler_output, model_runner_output, outputs, finished)
         self.vtc_adapter.step_done()  # observers: the trace, shared counters, metrics
         return outputs
 

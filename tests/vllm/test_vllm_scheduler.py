@@ -563,7 +563,7 @@ class _PerIdScheduler(VTCScheduler):
 
     def schedule(self, *args, **kwargs):
         output = super().schedule(*args, **kwargs)
-        self._vtc_scheduled = None  # never the uniform charge
+        self.waiting.scheduled(output, 2**62)  # (never as many: never the uniform charge)
         return output
 
 

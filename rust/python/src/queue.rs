@@ -38,6 +38,9 @@ pub(crate) struct PyWaitingQueue {
     statuses: Option<(Py<PyAny>, Py<PyAny>)>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
+    /// The last `scheduled` step's output and `requests.changes` then, while the
+    /// engine's running list and the core's running set had as many requests.
+    step: Mutex<Option<(Py<PyAny>, Py<PyAny>)>>,
 }
 
 impl PyWaitingQueue {
@@ -160,7 +163,70 @@ impl PyWaitingQueue {
             records: records.unbind(),
             statuses: running.zip(loading),
             pending: Mutex::new(None),
+            step: Mutex::new(None),
         })
+    }
+
+    /// The engine scheduled a step (`output`, with `num_scheduled_tokens`): its
+    /// last pop settled by it, and the step kept for `record_step` if `running`,
+    /// the engine's running requests, are as many as the core's (with
+    /// `requests.changes` now; else nothing is kept).
+    fn scheduled(&self, py: Python<'_>, output: &Bound<'_, PyAny>, running: usize) -> Result<()> {
+        if self.pending.lock().is_some() {
+            let tokens = output.getattr(intern!(py, "num_scheduled_tokens"))?;
+            self.settle(py, Some(&tokens))?;
+        }
+        let same = running == self.core.get().lock(py)?.core.num_running();
+        let kept = if same {
+            let changes = self.requests.bind(py).getattr(intern!(py, "changes"))?;
+            Some((output.clone().unbind(), changes.unbind()))
+        } else {
+            None
+        };
+        let old = std::mem::replace(&mut *self.step.lock(), kept);
+        drop(old);
+        Ok(())
+    }
+
+    /// The engine updated a step (`scheduler_output`, `model_runner_output`;
+    /// `outputs`: its client -> output groups; `finished`: the ids it freed, or
+    /// None): `record_outputs` of its groups, told the step is `running` (every
+    /// output from a distinct running request) when it is the step `scheduled`
+    /// kept and the table has not changed since, with the runner's
+    /// `sampled_token_ids` as the token lists when they are a non-empty list of
+    /// lists. The kept step is used once.
+    fn record_step(
+        slf: &Bound<'_, Self>,
+        scheduler_output: &Bound<'_, PyAny>,
+        model_runner_output: &Bound<'_, PyAny>,
+        outputs: &Bound<'_, PyAny>,
+        finished: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let kept = this.step.lock().take();
+        let running = match kept {
+            Some((output, changes)) if output.bind(py).is(scheduler_output) => {
+                let now = this.requests.bind(py).getattr(intern!(py, "changes"))?;
+                now.eq(changes)?
+            }
+            _ => false,
+        };
+        let mut tokens = None;
+        if running {
+            let sampled = model_runner_output.getattr_opt(intern!(py, "sampled_token_ids"))?;
+            if let Some(lists) = sampled.as_ref().and_then(|t| t.cast_exact::<PyList>().ok()) {
+                let first_is_list = lists
+                    .iter()
+                    .next()
+                    .is_some_and(|l| l.cast_exact::<PyList>().is_ok());
+                if first_is_list {
+                    tokens = Some(lists.clone().into_any());
+                }
+            }
+        }
+        let groups = outputs.call_method0(intern!(py, "values"))?;
+        Self::record_outputs(slf, &groups, finished, running, tokens.as_ref())
     }
 
     /// Decide the pending pop by what the engine did with its request: admitted
@@ -317,11 +383,17 @@ impl PyWaitingQueue {
         if let Some(pending) = self.pending.try_lock() {
             visit.call(pending.as_ref())?;
         }
+        if let Some(step) = self.step.try_lock() {
+            if let Some((output, changes)) = step.as_ref() {
+                visit.call(output)?;
+                visit.call(changes)?;
+            }
+        }
         Ok(())
     }
 
     fn __clear__(&self) {
-        let old = self.pending.lock().take();
+        let old = (self.pending.lock().take(), self.step.lock().take());
         drop(old);
     }
 }
