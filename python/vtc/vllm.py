@@ -323,7 +323,8 @@ class _VTCMixin:
         does every output. Otherwise (a request scheduled without an output, a
         runner without lists) the outputs are read as before."""
         waiting = self.waiting
-        waiting.settle()
+        if waiting._pending is not None:  # (settle's own test, without a call)
+            waiting.settle()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         # (native: the step schedule() kept, if it is this one and the table has not
         # changed since, charged as running with the runner's token lists; then the

@@ -171,19 +171,22 @@ impl PyWaitingQueue {
     /// last pop settled by it, and the step kept for `record_step` if `running`,
     /// the engine's running requests, are as many as the core's (with
     /// `requests.changes` now; else nothing is kept).
-    fn scheduled(&self, py: Python<'_>, output: &Bound<'_, PyAny>, running: usize) -> Result<()> {
-        if self.pending.lock().is_some() {
+    fn scheduled(slf: &Bound<'_, Self>, output: &Bound<'_, PyAny>, running: usize) -> Result<()> {
+        let py = slf.py();
+        let this = slf.get();
+        if this.pending.lock().is_some() {
+            // (by its name, as every call here: a subclass may wrap it)
             let tokens = output.getattr(intern!(py, "num_scheduled_tokens"))?;
-            self.settle(py, Some(&tokens))?;
+            slf.call_method1(intern!(py, "settle"), (tokens,))?;
         }
-        let same = running == self.core.get().lock(py)?.core.num_running();
+        let same = running == this.core.get().lock(py)?.core.num_running();
         let kept = if same {
-            let changes = self.requests.bind(py).getattr(intern!(py, "changes"))?;
+            let changes = this.requests.bind(py).getattr(intern!(py, "changes"))?;
             Some((output.clone().unbind(), changes.unbind()))
         } else {
             None
         };
-        let old = std::mem::replace(&mut *self.step.lock(), kept);
+        let old = std::mem::replace(&mut *this.step.lock(), kept);
         drop(old);
         Ok(())
     }
@@ -226,7 +229,9 @@ impl PyWaitingQueue {
             }
         }
         let groups = outputs.call_method0(intern!(py, "values"))?;
-        Self::record_outputs(slf, &groups, finished, running, tokens.as_ref())
+        let args = (groups, finished, running, tokens);
+        slf.call_method1(intern!(py, "record_outputs"), args)?;
+        Ok(())
     }
 
     /// Decide the pending pop by what the engine did with its request: admitted
