@@ -24,6 +24,12 @@ use pyo3::{intern, PyTraverseError};
 use crate::errors::Result;
 use crate::PyScheduler;
 
+/// The `TypeError` of a constructor argument's attribute `what` that is not
+/// `wanted` (`got`: what it is).
+fn wrong_type(what: &str, wanted: &str, got: Bound<'_, PyAny>) -> PyErr {
+    PyTypeError::new_err(format!("{what} must be {wanted}, got {}", got.get_type()))
+}
+
 /// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
 #[pyclass(frozen, subclass, module = "vtc._core", name = "WaitingQueue")]
 pub(crate) struct PyWaitingQueue {
@@ -144,19 +150,13 @@ impl PyWaitingQueue {
     ) -> PyResult<Self> {
         let py = requests.py();
         let core = requests.getattr(intern!(py, "core"))?;
-        let core = core.cast_into::<PyScheduler>().map_err(|e| {
-            PyTypeError::new_err(format!(
-                "requests.core must be a vtc.Scheduler, got {}",
-                e.into_inner().get_type()
-            ))
-        })?;
+        let core = core
+            .cast_into::<PyScheduler>()
+            .map_err(|e| wrong_type("requests.core", "a vtc.Scheduler", e.into_inner()))?;
         let records = requests.getattr(intern!(py, "_by_rid"))?;
-        let records = records.cast_into_exact::<PyDict>().map_err(|e| {
-            PyTypeError::new_err(format!(
-                "requests._by_rid must be a dict, got {}",
-                e.into_inner().get_type()
-            ))
-        })?;
+        let records = records
+            .cast_into_exact::<PyDict>()
+            .map_err(|e| wrong_type("requests._by_rid", "a dict", e.into_inner()))?;
         Ok(PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
@@ -343,14 +343,11 @@ impl PyWaitingQueue {
         let outs = match groups.next() {
             None => first,
             Some(second) => {
+                // several: their outputs in one list, group after group
                 let all = PyList::empty(py);
-                for group in [Ok(first), second?.getattr(name)] {
+                let rest = std::iter::once(second).chain(groups);
+                for group in std::iter::once(Ok(first)).chain(rest.map(|g| g?.getattr(name))) {
                     for out in group?.try_iter()? {
-                        all.append(out?)?;
-                    }
-                }
-                for group in groups {
-                    for out in group?.getattr(name)?.try_iter()? {
                         all.append(out?)?;
                     }
                 }
