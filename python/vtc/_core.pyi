@@ -37,6 +37,7 @@ __all__ = [
     "MetricsMirror",
     "SyncLedger",
     "TenantRule",
+    "Tracked",
     "WaitingQueue",
     "key_id",
     "SchedulerError",
@@ -241,6 +242,56 @@ class TenantRule:
         second read only if the first names no tenant). When no forget is due and the
         first field that names one is a ``str`` in ``known``, that ``str``;
         otherwise ``slow(due, (extra, lora))``."""
+
+@final
+class Tracked:
+    """What the adapter knows about one engine request (``vtc.observer.Tracked``):
+    the record ``vtc.adapter.Requests`` keeps per request and hands its observers.
+    Native data: the identity fields are fixed when it is made; ``owed``,
+    ``admissions`` and ``charged`` may be set (an int in i64, else
+    ``OverflowError``/``TypeError``). Equal only to itself, hashed by identity."""
+
+    def __new__(
+        cls,
+        key: Hashable,
+        rid: int,
+        request: Any,
+        tenant: str,
+        prompt_len: int,
+        owed: int = 0,
+        admissions: int = 0,
+        charged: int = 0,
+    ) -> Self: ...
+    @property
+    def key(self) -> Hashable:
+        """The engine's handle for it (vLLM: its request id; SGLang: ``id(Req)``)."""
+    @property
+    def rid(self) -> int:
+        """The core's id."""
+    @property
+    def request(self) -> Any:
+        """The engine's request object (kept alive while tracked)."""
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def prompt_len(self) -> int:
+        """As submitted: clamped to [1, M]."""
+    @property
+    def owed(self) -> int:
+        """Tokens produced while not running: charged when admitted again."""
+    @owed.setter
+    def owed(self, n: int) -> None: ...
+    @property
+    def admissions(self) -> int:
+        """Times admitted (its prompt is charged at the first)."""
+    @admissions.setter
+    def admissions(self, n: int) -> None: ...
+    @property
+    def charged(self) -> int:
+        """Tokens charged so far, for a shell that sees cumulative output counts
+        (SGLang)."""
+    @charged.setter
+    def charged(self, n: int) -> None: ...
 
 @disjoint_base
 class WaitingQueue:

@@ -17,30 +17,15 @@ adapter: ``_Observers`` logs it (once per observer and point) and goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-from vtc._core import Scheduler
+from vtc._core import Scheduler, Tracked
 from vtc.config import EngineConfig
 
 __all__ = ["AdapterView", "Observer", "RequestsView", "TenancyView", "Tracked"]
 
 _log = logging.getLogger("vtc")
-
-
-@dataclass(eq=False)
-class Tracked:
-    """What the adapter knows about one engine request."""
-
-    key: Hashable  # the engine's handle for it (vLLM: its request id; SGLang: id(Req))
-    rid: int  # the core's id
-    request: Any  # the engine's request object (kept alive while tracked)
-    tenant: str
-    prompt_len: int  # as submitted: clamped to [1, M]
-    owed: int = 0  # tokens produced while not running: charged when admitted again
-    admissions: int = 0  # times admitted (its prompt is charged at the first)
-    charged: int = 0  # for a shell that sees cumulative output counts (SGLang)
 
 
 class TenancyView(Protocol):

@@ -30,6 +30,7 @@ mod mirror;
 mod outputs;
 mod queue;
 mod tenant;
+mod tracked;
 mod views;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -462,6 +463,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyScheduler>()?;
     m.add_class::<tenant::PyTenantRule>()?;
     m.add_class::<queue::PyWaitingQueue>()?;
+    m.add_class::<tracked::PyTracked>()?;
     m.add_class::<PyLinearCost>()?;
     m.add_class::<PyQuadraticCost>()?;
     m.add_class::<PyContextCost>()?;
