@@ -529,6 +529,82 @@ def test_a_queue_without_statuses_refuses_to_settle_and_keeps_the_pop() -> None:
     assert q._pending is t and requests.status(t) == WAITING
 
 
+class Admissions(vtc.adapter.Observer):
+    def __init__(self) -> None:
+        self.got: list[tuple[str, int]] = []
+
+    def admitted(self, t, prompt_tokens) -> None:
+        self.got.append((t.key, prompt_tokens))
+
+
+def one_waiting(requests: Requests, computed=5):
+    """``requests`` with one request waiting (running in the engine, ``computed``
+    tokens computed), and a native queue over it with that request popped."""
+    t = requests.submit("a", EngineReq("a", RUN, computed), "x", 10)
+    q = Native(requests)
+    assert q.pop_request() is t.request
+    return t, q
+
+
+def test_the_admission_is_native_unless_something_else_must_see_it() -> None:
+    calls = []
+
+    def counted(self, t, cached_len):
+        calls.append(t.key)
+        vtc.adapter.Requests.admit(self, t, cached_len)
+
+    # nothing else: native (an instance's admit replaced after the queue is made is
+    # not seen; the table's own method is what the native admission does)
+    requests = Requests(vtc.Scheduler(M=100))
+    t, q = one_waiting(requests)
+    requests.admit = counted.__get__(requests)
+    q.settle({"a": 1})
+    assert calls == [] and requests.status(t) == RUNNING and t.admissions == 1
+    assert requests.core.tokens()["x"][0] == 10 - 4
+
+    # a subclass's admit, or an instance's replaced before: theirs
+    class Counted(Requests):
+        admit = counted
+
+    for requests in (Counted(vtc.Scheduler(M=100)), Requests(vtc.Scheduler(M=100))):
+        if type(requests) is Requests:
+            requests.admit = counted.__get__(requests)
+        t, q = one_waiting(requests)
+        q.settle()
+        assert calls.pop() == "a" and requests.status(t) == RUNNING
+
+    # observers (even one added after the queue is made) are told what it charged
+    adapter = Adapter(vtc.Scheduler(M=100), EngineConfig())
+    t, q = one_waiting(adapter.requests, computed=3)
+    seen = Admissions()
+    adapter.observers.append(seen)
+    q.settle({"a": 1})
+    assert seen.got == [("a", 10 - 2)] and t.admissions == 1
+
+    # a cached count that is not an exact int: Requests.admit's own reading of it
+    requests = Requests(vtc.Scheduler(M=100))
+    t, q = one_waiting(requests, computed=6.9)
+    q.settle()
+    assert requests.core.tokens()["x"][0] == 10 - 6
+
+
+def test_a_native_admission_of_a_record_that_is_not_the_head_is_refused() -> None:
+    requests = Requests(vtc.Scheduler(M=100))
+    a, q = one_waiting(requests)
+    b = requests.submit("b", EngineReq("b", RUN, 0), "y", 10)
+    q._pending = b  # (a bug in a shell: b is not the core's head)
+    with pytest.raises(
+        RuntimeError, match=f"VTC core admitted {a.rid}, the engine admitted {b.rid}"
+    ):
+        q.settle()
+    assert q._pending is None and b.admissions == 0
+    requests.release("a")  # (the core admitted a, its head)
+    requests.release("b")
+    q._pending = b  # nothing waits now
+    with pytest.raises(RuntimeError, match=f"VTC core admitted None, the engine admitted {b.rid}"):
+        q.settle()
+
+
 def test_a_settle_whose_admission_raises_leaves_nothing_pending() -> None:
     class Refusing(Requests):
         def admit(self, t, cached_len):

@@ -312,7 +312,11 @@ class WaitingQueue:
         its ``num_computed_tokens`` is above 0; else skipped
         (``requests.set_aside(record)``). ``cached`` is ``num_computed_tokens``, less
         ``num_scheduled_tokens.get(request.request_id, 0)`` for a running request.
-        Nothing stays pending, whatever raises. Built without the statuses:
+        The admission is made here, as ``vtc.adapter.Requests.admit`` makes it, when
+        nothing else must see it: the record a ``Tracked``, ``cached`` an int in i64,
+        no observer in ``requests.observers``, and ``requests.admit`` the table's own
+        method when the queue was made (else ``requests.admit`` is called). Nothing
+        stays pending, whatever raises. Built without the statuses:
         ``NotImplementedError`` (a subclass decides its pops itself)."""
     @property
     def _pending(self) -> Any | None:

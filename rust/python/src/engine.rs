@@ -18,7 +18,7 @@ use crate::convert::{
 use crate::errors::{invalid, Error, Result};
 use crate::lookup::PyLookup;
 use crate::outputs::{missing_arg, uniform_count, Outputs};
-use crate::{PyScheduler, DETACH_MIN};
+use crate::{Guard, PyScheduler, DETACH_MIN};
 
 /// The core's engine-form `decode`, with the GIL released for a batch of at
 /// least [`DETACH_MIN`] ids.
@@ -37,6 +37,39 @@ fn decode_batch(
 }
 
 impl PyScheduler {
+    /// The core's head popped, under the held lock `g`, with `cached` of its
+    /// prompt tokens cached (the core checks the range), through `lookup`, the
+    /// locality window's prefix lookup while it is on: the lookup's failure is
+    /// its own error, every other failure the core's.
+    fn pop_locked(
+        g: &mut Guard<'_>,
+        lookup: Option<&mut PyLookup<'_, '_>>,
+        cached: i64,
+    ) -> Result<Option<u64>> {
+        match lookup {
+            None => g.core.pop_cached(Some(cached)).map_err(Error::Core),
+            Some(l) => g.core.pop_with(Some(cached), l).map_err(|e| match e {
+                CoreError::InvalidCached { .. } => Error::Core(e),
+                e => l.error(e),
+            }),
+        }
+    }
+
+    /// `pop(cached)` for native callers (`cached` an i64): the request admitted,
+    /// None if none waits.
+    pub(crate) fn pop_head(&self, py: Python<'_>, cached: i64) -> Result<Option<u64>> {
+        let mut g = self.lock(py)?;
+        let window = g.window_lookup(py);
+        let mut lookup = window.as_ref().map(PyLookup::new);
+        Self::pop_locked(&mut g, lookup.as_mut(), cached)
+    }
+
+    /// `decode([rid], [tokens])` for native callers.
+    pub(crate) fn decode_one(&self, py: Python<'_>, rid: u64, tokens: i64) -> Result<()> {
+        self.lock(py)?.core.decode(&[rid], Tokens::Each(tokens))?;
+        Ok(())
+    }
+
     /// The common engine-form call, `decode(ids, tokens)` with `ids` an exact
     /// list of exact ints in [0, 2**63) and `tokens` absent, an exact int in
     /// i64 or an exact list of as many exact ints in i64: the lists are read
@@ -427,14 +460,7 @@ impl PyScheduler {
         // A value outside i64 is outside [0, prompt_len] too: the core
         // rejects its clamped stand-in, and the message names the real one.
         let clamped = i64::try_from(v).unwrap_or(if v < 0 { -1 } else { i64::MAX });
-        let popped = match &mut lookup {
-            None => g.core.pop_cached(Some(clamped)).map_err(Error::Core),
-            Some(l) => g.core.pop_with(Some(clamped), l).map_err(|e| match e {
-                CoreError::InvalidCached { .. } => Error::Core(e),
-                e => l.error(e),
-            }),
-        };
-        popped.map_err(|e| match e {
+        Self::pop_locked(&mut g, lookup.as_mut(), clamped).map_err(|e| match e {
             Error::Core(CoreError::InvalidCached { prompt_len, .. })
                 if i128::from(clamped) != v =>
             {

@@ -1,33 +1,48 @@
 //! `WaitingQueue`: the hot half of an engine's waiting queue, answered here with
 //! no Python frame: whether any request waits (`bool`), how many (`len`), the
 //! request the core admits next (`peek_request`), its provisional pop
-//! (`pop_request`), and the charge of a step's outputs (`record_outputs`).
+//! (`pop_request`) and its decision (`settle`: admitted, natively when nothing
+//! else must see the admission, or set aside), the charge of a step's outputs
+//! (`record_outputs`) and the step kept between vLLM's `schedule()` and
+//! `update_from_output()` (`scheduled`, `record_step`).
 //!
-//! vLLM asks the first four ~6.5 times a step and the last once; as Python
+//! vLLM asks the first four ~6.5 times a step and the rest about once; as Python
 //! methods over `vtc.adapter.Requests` they were about a third of VTC's
-//! instructions a step (bench/README.md, 39 and 43). A Python subclass
-//! (`vtc.vllm.VTCRequestQueue`) keeps every other method, `settle`, which decides
-//! the provisional pop (each method here calls it first while a pop is pending,
-//! as the Python methods did), and `release_finished`, a step's finishes. The
-//! answers are the core's own (its `num_waiting`, its `peek` with the prefix
-//! lookup the core holds), read under the core's lock; the engine's request is
-//! the `request` attribute of the record `Requests` keeps by core id (its
-//! `_by_rid` dict, shared, not copied).
+//! instructions a step (bench/README.md, 39, 43 and 44). A Python subclass
+//! (`vtc.vllm.VTCRequestQueue`) keeps every other method and `release_finished`, a
+//! step's finishes. The answers are the core's own (its `num_waiting`, its `peek`
+//! with the prefix lookup the core holds), read under the core's lock; the
+//! engine's request is the `request` of the record (`vtc._core.Tracked`)
+//! `Requests` keeps by core id (its `_by_rid` dict, shared, not copied).
+
+use std::sync::atomic::Ordering::Relaxed;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError};
+use pyo3::exceptions::{
+    PyIndexError, PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError,
+};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyInt, PyList};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
+use crate::tracked::PyTracked;
 use crate::PyScheduler;
 
 /// The `TypeError` of a constructor argument's attribute `what` that is not
 /// `wanted` (`got`: what it is).
 fn wrong_type(what: &str, wanted: &str, got: Bound<'_, PyAny>) -> PyErr {
     PyTypeError::new_err(format!("{what} must be {wanted}, got {}", got.get_type()))
+}
+
+/// The engine's request of `record`: a `Tracked`'s field read directly, any other
+/// record's `request` attribute.
+fn request_of<'py>(record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    match record.cast::<PyTracked>() {
+        Ok(t) => Ok(t.get().request.bind(record.py()).clone()),
+        Err(_) => record.getattr(intern!(record.py(), "request")),
+    }
 }
 
 /// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
@@ -39,6 +54,12 @@ pub(crate) struct PyWaitingQueue {
     core: Py<PyScheduler>,
     /// `requests._by_rid`: core id -> the request's record.
     records: Py<PyDict>,
+    /// `requests.observers` (a list, changed in place, never replaced) if the
+    /// admissions without observers may be native: `requests.admit` was
+    /// `vtc.adapter.Requests.admit` at construction (no subclass or instance
+    /// replaced it) and the observers a list. None: every admission is
+    /// `requests.admit`'s.
+    observers: Option<Py<PyList>>,
     /// The engine's status of a running request, and of one loading its KV
     /// (vLLM's `RUNNING`, `WAITING_FOR_REMOTE_KVS`): the native `settle`'s.
     statuses: Option<(Py<PyAny>, Py<PyAny>)>,
@@ -85,6 +106,56 @@ impl PyWaitingQueue {
     fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, pyo3::types::PyString>) -> PyResult<()> {
         let n = requests.getattr(name)?.add(1)?;
         requests.setattr(name, n)
+    }
+
+    /// `requests.admit(record, cached)` natively, when nothing but the table and
+    /// the core must see it: `record` a native `Tracked`, `cached` an exact int in
+    /// i64 and no observer to tell what the admission charged (false, with nothing
+    /// done, otherwise). As `Requests.admit`: `cached` clamped to [0, prompt_len],
+    /// one change counted (before the core's pop), the core's head popped (it must
+    /// be `record`'s request), the admission counted and the tokens it owes charged.
+    fn admit(
+        &self,
+        py: Python<'_>,
+        record: &Bound<'_, PyAny>,
+        cached: &Bound<'_, PyAny>,
+    ) -> Result<bool> {
+        let Ok(t) = record.cast::<PyTracked>() else {
+            return Ok(false);
+        };
+        let Some(observers) = &self.observers else {
+            return Ok(false);
+        };
+        if !observers.bind(py).is_empty() {
+            return Ok(false);
+        }
+        let Some(cached) = cached
+            .cast_exact::<PyInt>()
+            .ok()
+            .and_then(|c| c.extract::<i64>().ok())
+        else {
+            return Ok(false);
+        };
+        let t = t.get();
+        let cached = cached.max(0).min(t.prompt_len); // (min(max()): never a panic)
+        Self::bump(self.requests.bind(py), intern!(py, "changes"))?;
+        let core = self.core.get();
+        let rid = core.pop_head(py, cached)?;
+        if rid != Some(t.rid) {
+            // (a bug in the shell, never the engine's input)
+            let rid = rid.map_or_else(|| "None".to_string(), |r| r.to_string());
+            return Err(PyRuntimeError::new_err(format!(
+                "VTC core admitted {rid}, the engine admitted {}",
+                t.rid
+            ))
+            .into());
+        }
+        t.admissions.fetch_add(1, Relaxed);
+        let owed = t.owed.swap(0, Relaxed);
+        if owed != 0 {
+            core.decode_one(py, t.rid, owed)?;
+        }
+        Ok(true)
     }
 
     /// Charge a step's outputs `outs` as `Requests.charge_outputs(outs,
@@ -157,10 +228,27 @@ impl PyWaitingQueue {
         let records = records
             .cast_into_exact::<PyDict>()
             .map_err(|e| wrong_type("requests._by_rid", "a dict", e.into_inner()))?;
+        let own = py
+            .import(intern!(py, "vtc.adapter"))?
+            .getattr(intern!(py, "Requests"))?
+            .getattr(intern!(py, "admit"))?;
+        let admit = requests.getattr_opt(intern!(py, "admit"))?;
+        let func = match admit {
+            Some(a) => a.getattr_opt(intern!(py, "__func__"))?,
+            None => None,
+        };
+        let observers = match func {
+            Some(f) if f.is(&own) => {
+                let observers = requests.getattr(intern!(py, "observers"))?;
+                observers.cast_into::<PyList>().ok()
+            }
+            _ => None,
+        };
         Ok(PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
             records: records.unbind(),
+            observers: observers.map(Bound::unbind),
             statuses: running.zip(loading),
             pending: Mutex::new(None),
             step: Mutex::new(None),
@@ -262,7 +350,7 @@ impl PyWaitingQueue {
         };
         drop(pending); // (before any Python code runs)
         let record = record.into_bound(py);
-        let request = record.getattr(intern!(py, "request"))?;
+        let request = request_of(&record)?;
         let status = request.getattr(intern!(py, "status"))?;
         let mut computed = request.getattr(intern!(py, "num_computed_tokens"))?;
         let is_running = status.eq(running)?;
@@ -284,7 +372,9 @@ impl PyWaitingQueue {
             }
         }
         // (a preempted request's prompt is never charged again, whatever is cached)
-        requests.call_method1(intern!(py, "admit"), (record, computed))?;
+        if !self.admit(py, &record, &computed)? {
+            requests.call_method1(intern!(py, "admit"), (record, computed))?;
+        }
         Ok(())
     }
 
@@ -311,12 +401,12 @@ impl PyWaitingQueue {
 
     fn peek_request<'py>(slf: &Bound<'py, Self>) -> Result<Bound<'py, PyAny>> {
         let record = Self::head(slf, "peek")?;
-        Ok(record.getattr(intern!(slf.py(), "request"))?)
+        Ok(request_of(&record)?)
     }
 
     fn pop_request<'py>(slf: &Bound<'py, Self>) -> Result<Bound<'py, PyAny>> {
         let record = Self::head(slf, "pop")?;
-        let request = record.getattr(intern!(slf.py(), "request"))?;
+        let request = request_of(&record)?;
         let old = slf.get().pending.lock().replace(record.unbind());
         drop(old);
         Ok(request)
@@ -382,6 +472,7 @@ impl PyWaitingQueue {
         visit.call(&self.requests)?;
         visit.call(&self.core)?;
         visit.call(&self.records)?;
+        visit.call(&self.observers)?;
         if let Some(pending) = self.pending.try_lock() {
             visit.call(pending.as_ref())?;
         }
