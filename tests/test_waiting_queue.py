@@ -698,3 +698,138 @@ def test_scheduled_settles_the_pending_pop_by_the_steps_schedule() -> None:
     q.scheduled(StepOut({"a": 5}), 1)  # 12 computed, 5 of them this step: 7 cached
     assert q._pending is None and requests.status(t) == RUNNING
     assert requests.core.tokens() == {"x": (13, 0)}
+
+
+# -- add_request: an arrival submitted natively ----------------------------------------
+
+
+class Arrival:
+    """A vLLM request as ``add_request`` reads it."""
+
+    def __init__(self, request_id, prompt, priority=0, tenant="x") -> None:
+        self.request_id, self.num_prompt_tokens, self.priority = request_id, prompt, priority
+        self.tenant = tenant
+
+
+def tenant_of(request) -> str:
+    return request.tenant
+
+
+class Arrivals(WaitingQueue):
+    def __new__(cls, requests: Requests):
+        return super().__new__(cls, requests, RUN, LOAD, tenant_of=tenant_of)
+
+
+def reference_add(requests: Requests, request) -> None:
+    """What ``VTCRequestQueue.add_request`` did in Python (nothing pending)."""
+    t = requests.get(request.request_id)
+    if t is not None:
+        requests.put_back(t)
+        return
+    requests.submit(
+        request.request_id, request, tenant_of(request), request.num_prompt_tokens, request.priority
+    )
+
+
+KEYS = ["a", "b", "c", 7, ("t", 1), "a"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.tuples(
+            st.sampled_from(KEYS),
+            st.one_of(st.integers(-3, 130), st.just(2.5), st.just(2**70)),
+            st.one_of(st.integers(-2, 2), st.just(2**64), st.just(1.5)),
+            st.sampled_from(["x", "y", "z"]),
+        ),
+        max_size=8,
+    ),
+    observed=st.booleans(),
+)
+def test_the_native_arrival_submits_as_vllms_did(arrivals, observed) -> None:
+    tables, other = [], Arrival("other", 5)
+    for _ in range(2):
+        seen = Admissions()
+        ad = Adapter(vtc.Scheduler(M=100), EngineConfig(), observers=[seen] if observed else [])
+        r = ad.requests
+        # "c"'s id taken (as by a live request of another key): "c" takes the next
+        r._by_rid[vtc.key_id("c")] = r.submit("other", other, "w", 5)
+        tables.append((r, Arrivals(r)))
+    (native, q), (python, _) = tables
+    for key, prompt, priority, tenant in arrivals:
+        req = Arrival(key, prompt, priority, tenant)
+        got = []
+        for add in (q.add_request, lambda req: reference_add(python, req)):
+            try:
+                add(req)
+            except Exception as e:  # noqa: BLE001 - compared below
+                got.append((type(e), str(e)))
+            else:
+                got.append(None)
+        assert got[0] == got[1]
+    assert native.changes == python.changes
+    assert [(t.key, t.rid, t.request, t.tenant, t.prompt_len) for t in native] == [
+        (t.key, t.rid, t.request, t.tenant, t.prompt_len) for t in python
+    ]
+    assert native.overrides == python.overrides
+    assert native._by_rid.keys() == python._by_rid.keys()
+    assert all(native.get(t.key) is t and native.at(t.rid) is t for t in native)
+    assert native.core.active_clients() == python.core.active_clients()
+    assert native.core.counters() == python.core.counters()
+    assert native.statuses(list(native)) == python.statuses(list(python))
+    order = []
+    for r in (native, python):
+        order.append([])
+        while (t := r.head()) is not None and t.key != "other":
+            order[-1].append(t.key)
+            r.admit(t, 0)
+    assert order[0] == order[1]
+
+
+def test_an_arrival_settles_a_pending_pop_first_and_a_paused_request_is_put_back() -> None:
+    requests = Requests(vtc.Scheduler(M=100))
+    q = Arrivals(requests)
+    q.add_request(a := Arrival("a", 10))
+    a.status, a.num_computed_tokens = RUN, 0  # (what settle reads)
+    assert q.pop_request() is a
+    q.add_request(b := Arrival("b", 10, tenant="y"))
+    assert q._pending is None and requests.status(requests.get("a")) == RUNNING
+    t = requests.get("b")
+    assert (t.key, t.request, t.tenant, t.prompt_len, requests.status(t)) == (
+        "b",
+        b,
+        "y",
+        10,
+        WAITING,
+    )
+    b.status, b.num_computed_tokens = "WAITING", 0
+    assert q.pop_request() is b
+    q.settle()  # skipped: set aside
+    assert requests.status(t) == ASIDE
+    changes = requests.changes
+    q.add_request(b)  # vLLM adds it again: put back, not a new arrival
+    assert requests.status(t) == WAITING and requests.get("b") is t
+    assert requests.changes == changes + 1 and len(requests) == 2
+
+
+def test_an_arrival_needs_the_tenant_rule_and_a_failed_submit_changes_nothing() -> None:
+    requests = Requests(vtc.Scheduler(M=100))
+    with pytest.raises(NotImplementedError, match="tenant rule"):
+        Native(requests).add_request(Arrival("a", 10))
+    assert len(requests) == 0 and requests.core.num_waiting == 0
+
+    def refuse(request):
+        raise LookupError(f"no tenant for {request.request_id}")
+
+    q = WaitingQueue(requests, RUN, LOAD, tenant_of=refuse)
+    with pytest.raises(LookupError, match="no tenant for a"):
+        q.add_request(Arrival("a", 10))
+    assert len(requests) == 0 and requests.core.num_waiting == 0 and requests.changes == 0
+    # the core refuses (it holds the id already: a bug outside the table): no record
+    q = Arrivals(requests)
+    requests.core.submit(vtc.key_id("b"), "x", 5)
+    with pytest.raises(vtc.DuplicateRequestError):
+        q.add_request(Arrival("b", 10))
+    assert len(requests) == 0 and requests.get("b") is None and requests.core.num_waiting == 1
+    assert requests.changes == 1  # (counted before the core's call, as Requests.submit does)

@@ -304,7 +304,23 @@ class WaitingQueue:
     ``self.settle()`` while a pop is pending (a subclass may decide its pops
     itself)."""
 
-    def __new__(cls, requests: Any, running: Any = None, loading: Any = None) -> Self: ...
+    def __new__(
+        cls,
+        requests: Any,
+        running: Any = None,
+        loading: Any = None,
+        tenant_of: Callable[[Any], str] | None = None,
+    ) -> Self: ...
+    def add_request(self, request: Any) -> None:
+        """A request arrives, or a paused one returns (its ``request_id`` is tracked:
+        ``requests.put_back(record)``): ``requests.submit(request.request_id,
+        request, tenant_of(request), request.num_prompt_tokens, request.priority)``.
+        Made here, as ``Requests.submit`` makes it, when nothing else must see it or
+        be converted: the id and the tenant exact ``str``, the prompt length an int
+        in [1, M], the priority an int in i64, the id ``key_id(request_id)`` free, no
+        observer, and ``requests.submit`` and ``requests.admit`` the table's own
+        methods when the queue was made. Built without ``tenant_of``:
+        ``NotImplementedError``."""
     def settle(self, num_scheduled_tokens: Mapping[Any, int] | None = None) -> None:
         """Decide the pending pop (none: nothing to do), by its record's ``request``:
         admitted (``requests.admit(record, cached)``) if its ``status`` equals
@@ -314,8 +330,9 @@ class WaitingQueue:
         ``num_scheduled_tokens.get(request.request_id, 0)`` for a running request.
         The admission is made here, as ``vtc.adapter.Requests.admit`` makes it, when
         nothing else must see it: the record a ``Tracked``, ``cached`` an int in i64,
-        no observer in ``requests.observers``, and ``requests.admit`` the table's own
-        method when the queue was made (else ``requests.admit`` is called). Nothing
+        no observer in ``requests.observers``, and ``requests.admit`` and
+        ``requests.submit`` the table's own methods when the queue was made (else
+        ``requests.admit`` is called). Nothing
         stays pending, whatever raises. Built without the statuses:
         ``NotImplementedError`` (a subclass decides its pops itself)."""
     @property

@@ -111,6 +111,9 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
 
     * ``bool``, ``len``, ``peek_request()`` and ``pop_request()``: the core's own
       answers; each settles a pending pop first;
+    * ``add_request(request)``: an arrival submitted to the core
+      (:meth:`vtc.adapter.Requests.submit`, its tenant named by ``tenant_of``, its
+      band vLLM's ``priority``), or a paused session's request put back;
     * ``settle(num_scheduled_tokens=None)`` decides the pending pop: admitted
       (``Requests.admit`` with its computed tokens, less the step's scheduled ones,
       ``num_scheduled_tokens``, given at the end of ``schedule()``, when vLLM has
@@ -135,7 +138,9 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         requests = Requests(core) if requests is None else requests  # by vLLM id
         # the native half holds the table, and settles pops by vLLM's statuses: admitted
         # if running, or loading KV (it holds blocks), or with tokens computed
-        self = super().__new__(cls, requests, _RUNNING, _WAITING_FOR_REMOTE_KVS)
+        self = super().__new__(
+            cls, requests, _RUNNING, _WAITING_FOR_REMOTE_KVS, tenant_of=tenant_of
+        )
         self.core = core
         self._tenant_of = tenant_of
         self.requests = requests
@@ -155,25 +160,6 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
             return False
         t = self.requests.get(request.request_id)
         return t is not None and t is not self._pending and self.requests.status(t) == WAITING
-
-    def add_request(self, request: Request) -> None:
-        """A request arrives (or a paused session returns): submit it to the core."""
-        if self._pending is not None:
-            self.settle()
-        requests = self.requests
-        t = requests.get(request.request_id)
-        if t is not None:
-            requests.put_back(t)
-            return
-        # vLLM's priority (smaller first; always 0 unless --scheduling-policy
-        # priority) is the core's band: strict bands, VTC inside each
-        requests.submit(
-            request.request_id,
-            request,
-            self._tenant_of(request),
-            request.num_prompt_tokens,
-            request.priority,
-        )
 
     def prepend_request(self, request: Request) -> None:
         """vLLM preempted ``request`` (or puts back a skipped one): back to the head."""

@@ -6,8 +6,8 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt, PyList};
-use vtc_core::{CoreError, Tokens};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+use vtc_core::{CoreError, KeyRef, Tokens};
 
 use crate::args::{
     CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
@@ -16,6 +16,7 @@ use crate::convert::{
     int_arg_sat, read_exact_ints, rid_of, sized_len, token_count_arg, tokens_of, Ints,
 };
 use crate::errors::{invalid, Error, Result};
+use crate::keys::str_key;
 use crate::lookup::PyLookup;
 use crate::outputs::{missing_arg, uniform_count, Outputs};
 use crate::{Guard, PyScheduler, DETACH_MIN};
@@ -62,6 +63,21 @@ impl PyScheduler {
         let window = g.window_lookup(py);
         let mut lookup = window.as_ref().map(PyLookup::new);
         Self::pop_locked(&mut g, lookup.as_mut(), cached)
+    }
+
+    /// `submit(rid, tenant, prompt_len, priority=priority)` for native callers.
+    pub(crate) fn submit_str(
+        &self,
+        py: Python<'_>,
+        rid: u64,
+        tenant: &Bound<'_, PyString>,
+        prompt_len: i64,
+        priority: i64,
+    ) -> Result<()> {
+        let key = KeyRef::Str(str_key(tenant.as_borrowed())?);
+        let mut g = self.lock(py)?;
+        Ok(g.core
+            .submit_keyed(rid, &key, prompt_len, 0, None, priority)?)
     }
 
     /// `decode([rid], [tokens])` for native callers.

@@ -23,7 +23,7 @@ use pyo3::exceptions::{
 };
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyList};
+use pyo3::types::{PyDict, PyInt, PyList, PyString};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
@@ -45,6 +45,64 @@ fn request_of<'py>(record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
+/// The parts of a `vtc.adapter.Requests` table its admissions and arrivals are
+/// made with natively, taken when the queue is made, if `requests.admit` and
+/// `requests.submit` are then `Requests`' own (no subclass or instance replaced
+/// them: else what replaced them must see every call).
+struct Table {
+    /// `requests.observers` (a list, changed in place, never replaced): while it
+    /// is not empty, `admit` and `submit` tell it what they did.
+    observers: Py<PyList>,
+    /// `requests._by_key`: the engine's key -> the request's record.
+    by_key: Py<PyDict>,
+    /// `requests._M`: the longest prompt submitted as it is.
+    budget: i64,
+}
+
+impl Table {
+    fn of(requests: &Bound<'_, PyAny>) -> PyResult<Option<Table>> {
+        let py = requests.py();
+        let own = py
+            .import(intern!(py, "vtc.adapter"))?
+            .getattr(intern!(py, "Requests"))?;
+        for name in [intern!(py, "admit"), intern!(py, "submit")] {
+            let func = match requests.getattr_opt(name)? {
+                Some(m) => m.getattr_opt(intern!(py, "__func__"))?,
+                None => None,
+            };
+            let mine = own.getattr(name)?;
+            if !func.is_some_and(|f| f.is(&mine)) {
+                return Ok(None);
+            }
+        }
+        let observers = requests.getattr(intern!(py, "observers"))?;
+        let by_key = requests.getattr(intern!(py, "_by_key"))?;
+        let budget = requests.getattr(intern!(py, "_M"))?;
+        let (Ok(observers), Ok(by_key), Some(budget)) = (
+            observers.cast_into::<PyList>(),
+            by_key.cast_into_exact::<PyDict>(),
+            exact_i64(&budget),
+        ) else {
+            return Ok(None);
+        };
+        Ok(Some(Table {
+            observers: observers.unbind(),
+            by_key: by_key.unbind(),
+            budget,
+        }))
+    }
+
+    /// Whether an observer listens.
+    fn observed(&self, py: Python<'_>) -> bool {
+        !self.observers.bind(py).is_empty()
+    }
+}
+
+/// `obj` if it is an exact int in i64.
+fn exact_i64(obj: &Bound<'_, PyAny>) -> Option<i64> {
+    obj.cast_exact::<PyInt>().ok()?.extract().ok()
+}
+
 /// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
 #[pyclass(frozen, subclass, module = "vtc._core", name = "WaitingQueue")]
 pub(crate) struct PyWaitingQueue {
@@ -54,12 +112,11 @@ pub(crate) struct PyWaitingQueue {
     core: Py<PyScheduler>,
     /// `requests._by_rid`: core id -> the request's record.
     records: Py<PyDict>,
-    /// `requests.observers` (a list, changed in place, never replaced) if the
-    /// admissions without observers may be native: `requests.admit` was
-    /// `vtc.adapter.Requests.admit` at construction (no subclass or instance
-    /// replaced it) and the observers a list. None: every admission is
-    /// `requests.admit`'s.
-    observers: Option<Py<PyList>>,
+    /// What the native admission and arrival read of the table; None: every
+    /// admission is `requests.admit`'s, every arrival `requests.submit`'s.
+    table: Option<Table>,
+    /// The engine's rule naming an arriving request's tenant (`add_request`).
+    tenant_of: Option<Py<PyAny>>,
     /// The engine's status of a running request, and of one loading its KV
     /// (vLLM's `RUNNING`, `WAITING_FOR_REMOTE_KVS`): the native `settle`'s.
     statuses: Option<(Py<PyAny>, Py<PyAny>)>,
@@ -103,7 +160,7 @@ impl PyWaitingQueue {
     }
 
     /// `requests.<name> += 1`.
-    fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, pyo3::types::PyString>) -> PyResult<()> {
+    fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<()> {
         let n = requests.getattr(name)?.add(1)?;
         requests.setattr(name, n)
     }
@@ -123,17 +180,10 @@ impl PyWaitingQueue {
         let Ok(t) = record.cast::<PyTracked>() else {
             return Ok(false);
         };
-        let Some(observers) = &self.observers else {
-            return Ok(false);
-        };
-        if !observers.bind(py).is_empty() {
+        if self.table.as_ref().is_none_or(|table| table.observed(py)) {
             return Ok(false);
         }
-        let Some(cached) = cached
-            .cast_exact::<PyInt>()
-            .ok()
-            .and_then(|c| c.extract::<i64>().ok())
-        else {
+        let Some(cached) = exact_i64(cached) else {
             return Ok(false);
         };
         let t = t.get();
@@ -155,6 +205,59 @@ impl PyWaitingQueue {
         if owed != 0 {
             core.decode_one(py, t.rid, owed)?;
         }
+        Ok(true)
+    }
+
+    /// `requests.submit(key, request, tenant, n, priority)` natively, when nothing
+    /// but the table and the core must see it and nothing needs converting: the
+    /// key and the tenant exact `str`s, `n` an exact int in [1, M], `priority` an
+    /// exact int in i64, the id `key_id(key)` free, no observer to tell of the
+    /// arrival (false, with nothing done, otherwise). As `Requests.submit`: one
+    /// change counted (before the core's submit), the request submitted in band
+    /// `priority` under its key's id, its record made and kept under both.
+    fn submit(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        request: &Bound<'_, PyAny>,
+        tenant: &Bound<'_, PyAny>,
+        n: &Bound<'_, PyAny>,
+        priority: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Some(table) = self.table.as_ref().filter(|t| !t.observed(py)) else {
+            return Ok(false);
+        };
+        let (Ok(_), Ok(tenant), Some(n), Some(priority)) = (
+            key.cast_exact::<PyString>(),
+            tenant.cast_exact::<PyString>(),
+            exact_i64(n),
+            exact_i64(priority),
+        ) else {
+            return Ok(false);
+        };
+        if !(1..=table.budget).contains(&n) {
+            return Ok(false);
+        }
+        let rid = key.hash()? as u64; // (key_id)
+        let records = self.records.bind(py);
+        if records.contains(rid)? {
+            return Ok(false); // (taken by a live request: the next free id is Python's)
+        }
+        Self::bump(self.requests.bind(py), intern!(py, "changes"))?;
+        self.core.get().submit_str(py, rid, tenant, n, priority)?;
+        let t = PyTracked::new(
+            key.clone().unbind(),
+            rid,
+            request.clone().unbind(),
+            tenant.clone().unbind(),
+            n,
+            0,
+            0,
+            0,
+        );
+        let t = Bound::new(py, t)?;
+        table.by_key.bind(py).set_item(key, &t)?;
+        records.set_item(rid, t)?;
         Ok(true)
     }
 
@@ -213,11 +316,12 @@ impl PyWaitingQueue {
 #[pymethods]
 impl PyWaitingQueue {
     #[new]
-    #[pyo3(signature = (requests, running = None, loading = None))]
+    #[pyo3(signature = (requests, running = None, loading = None, tenant_of = None))]
     fn new(
         requests: &Bound<'_, PyAny>,
         running: Option<Py<PyAny>>,
         loading: Option<Py<PyAny>>,
+        tenant_of: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let py = requests.py();
         let core = requests.getattr(intern!(py, "core"))?;
@@ -228,27 +332,13 @@ impl PyWaitingQueue {
         let records = records
             .cast_into_exact::<PyDict>()
             .map_err(|e| wrong_type("requests._by_rid", "a dict", e.into_inner()))?;
-        let own = py
-            .import(intern!(py, "vtc.adapter"))?
-            .getattr(intern!(py, "Requests"))?
-            .getattr(intern!(py, "admit"))?;
-        let admit = requests.getattr_opt(intern!(py, "admit"))?;
-        let func = match admit {
-            Some(a) => a.getattr_opt(intern!(py, "__func__"))?,
-            None => None,
-        };
-        let observers = match func {
-            Some(f) if f.is(&own) => {
-                let observers = requests.getattr(intern!(py, "observers"))?;
-                observers.cast_into::<PyList>().ok()
-            }
-            _ => None,
-        };
+        let table = Table::of(requests)?;
         Ok(PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
             records: records.unbind(),
-            observers: observers.map(Bound::unbind),
+            table,
+            tenant_of,
             statuses: running.zip(loading),
             pending: Mutex::new(None),
             step: Mutex::new(None),
@@ -378,6 +468,46 @@ impl PyWaitingQueue {
         Ok(())
     }
 
+    /// A request arrives, or a paused one returns (its key is tracked: put back):
+    /// `requests.submit(request.request_id, request, tenant_of(request),
+    /// request.num_prompt_tokens, request.priority)`, natively when nothing else
+    /// must see it. Without a `tenant_of`: `NotImplementedError`.
+    fn add_request(slf: &Bound<'_, Self>, request: &Bound<'_, PyAny>) -> Result<()> {
+        Self::settle_pending(slf)?;
+        let py = slf.py();
+        let this = slf.get();
+        let Some(tenant_of) = &this.tenant_of else {
+            return Err(PyNotImplementedError::new_err(
+                "add_request: this WaitingQueue was built without the engine's tenant rule \
+                 (tenant_of)",
+            )
+            .into());
+        };
+        let requests = this.requests.bind(py);
+        let key = request.getattr(intern!(py, "request_id"))?;
+        let tracked = match &this.table {
+            Some(table) => table.by_key.bind(py).get_item(&key)?,
+            None => {
+                let got = requests.getattr(intern!(py, "get"))?.call1((&key,))?;
+                Some(got).filter(|t| !t.is_none())
+            }
+        };
+        if let Some(t) = tracked {
+            requests.call_method1(intern!(py, "put_back"), (t,))?;
+            return Ok(());
+        }
+        // vLLM's priority (smaller first; always 0 unless --scheduling-policy
+        // priority) is the core's band: strict bands, VTC inside each
+        let tenant = tenant_of.bind(py).call1((request,))?;
+        let n = request.getattr(intern!(py, "num_prompt_tokens"))?;
+        let priority = request.getattr(intern!(py, "priority"))?;
+        if !this.submit(py, &key, request, &tenant, &n, &priority)? {
+            let args = (key, request, tenant, n, priority);
+            requests.call_method1(intern!(py, "submit"), args)?;
+        }
+        Ok(())
+    }
+
     #[getter(_pending)]
     fn get_pending(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.pending.lock().as_ref().map(|p| p.clone_ref(py))
@@ -472,7 +602,11 @@ impl PyWaitingQueue {
         visit.call(&self.requests)?;
         visit.call(&self.core)?;
         visit.call(&self.records)?;
-        visit.call(&self.observers)?;
+        if let Some(table) = &self.table {
+            visit.call(&table.observers)?;
+            visit.call(&table.by_key)?;
+        }
+        visit.call(&self.tenant_of)?;
         if let Some(pending) = self.pending.try_lock() {
             visit.call(pending.as_ref())?;
         }

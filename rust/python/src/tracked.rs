@@ -63,7 +63,7 @@ impl PyTracked {
     #[new]
     #[pyo3(signature = (key, rid, request, tenant, prompt_len, owed = 0, admissions = 0, charged = 0))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub(crate) fn new(
         key: Py<PyAny>,
         rid: u64,
         request: Py<PyAny>,
