@@ -833,3 +833,96 @@ def test_an_arrival_needs_the_tenant_rule_and_a_failed_submit_changes_nothing() 
         q.add_request(Arrival("b", 10))
     assert len(requests) == 0 and requests.get("b") is None and requests.core.num_waiting == 1
     assert requests.changes == 1  # (counted before the core's call, as Requests.submit does)
+
+
+# -- release_finished: a step's finishes forgotten natively -----------------------------
+
+
+class Finishing(Done):
+    """An engine request settle and is_finished read."""
+
+    def __init__(self, key, finished: bool) -> None:
+        super().__init__(key, finished)
+        self.request_id, self.status, self.num_computed_tokens = key, RUN, 0
+
+
+STATES = ["running", "waiting", "aside", "pending"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(st.sampled_from(STATES), st.booleans(), st.booleans()), min_size=1, max_size=7
+    ),
+    finished=st.lists(st.integers(0, 8), max_size=10),
+    as_set=st.booleans(),
+    observed=st.booleans(),
+)
+def test_the_native_finishes_release_as_the_table_does(
+    requests, finished, as_set, observed
+) -> None:
+    """Requests running, waiting, set aside or popped and pending (with str keys or
+    int ones, kept in ``overrides``), each finished or not; ``finished`` names some
+    (repeated, untracked too), as a set or a list."""
+    tables = []
+    for _ in range(2):
+        seen = Tokens()
+        ad = Adapter(vtc.Scheduler(M=1000), EngineConfig(), observers=[seen] if observed else [])
+        r, pending = ad.requests, None
+        q = Native(r)
+        keys = [i if int_key else f"k{i}" for i, (_, _, int_key) in enumerate(requests)]
+        # made in phases, each request alone in the queue when it moves on
+        phase = {"running": 0, "aside": 1, "pending": 2, "waiting": 3}
+        for i in sorted(range(len(requests)), key=lambda i: phase[requests[i][0]]):
+            state, done, _ = requests[i]
+            t = r.submit(keys[i], Finishing(keys[i], done), "abc"[i % 3], 10)
+            if state == "running":
+                r.admit(t, 0)
+            elif state == "aside":
+                r.set_aside(t)
+            elif state == "pending" and pending is None:
+                assert q.pop_request() is t.request
+                pending = t
+        tables.append((r, q, keys))
+    (native, nq, keys), (python, pq, _) = tables
+    names = [keys[i] if i < len(keys) else f"gone{i}" for i in finished]
+    names = set(names) if as_set else names
+    released = python.release_finished(names, lambda request: request.is_finished())
+    if pq._pending is not None and pq._pending in released:
+        pq._pending = None
+    nq.release_finished(names)
+    assert (nq._pending is None) == (pq._pending is None)
+    assert native.changes == python.changes
+    assert [t.key for t in native] == [t.key for t in python]
+    assert native._by_rid.keys() == python._by_rid.keys()
+    assert native.overrides == python.overrides and native._aside == python._aside
+    assert native.core.counters() == python.core.counters()
+    assert native.core.tokens() == python.core.tokens()
+    assert native.core.active_clients() == python.core.active_clients()
+    for key in keys:
+        n, p = native.get(key), python.get(key)
+        assert (n is None) == (p is None)
+    assert [r.core.num_running for r in (native, python)] == [python.core.num_running] * 2
+    if not as_set:
+        # distinct: a repeated key released once (no error), and nothing released twice
+        assert len(native) == len(python)
+
+
+def test_the_finishes_are_the_tables_when_its_methods_are_replaced() -> None:
+    calls = []
+
+    class Logged(Requests):
+        def release_finished(self, keys, done=None):
+            keys = list(keys)
+            calls.append(keys)
+            return super().release_finished(keys, done)
+
+    r = Logged(vtc.Scheduler(M=100))
+    a = r.submit("a", Finishing("a", True), "x", 10)
+    r.submit("b", Finishing("b", False), "x", 10)
+    q = Native(r)
+    assert q.pop_request() is a.request
+    q._pending = a
+    q.release_finished(["a", "b", "c"])
+    assert calls == [["a", "b", "c"]]
+    assert q._pending is None and r.get("a") is None and r.get("b") is not None

@@ -378,8 +378,16 @@ class WaitingQueue:
         them (natively when ``running``, ``tokens`` a list of one list per output,
         all of one length, and no observer: ``decode_uniform``, one more in
         ``requests.changes`` and ``requests.uniform_steps``); then, if any finished,
-        ``self.release_finished(finished)`` (the subclass's): ``finished``, else the
-        ids of the outputs whose ``finish_reason`` is not None."""
+        ``self.release_finished(finished)`` (by name: a subclass's if it has one):
+        ``finished``, else the ids of the outputs whose ``finish_reason`` is not None."""
+    def release_finished(self, finished: Iterable[Any]) -> None:
+        """A step's finished requests forgotten (``finished``: their keys): each
+        tracked key's once, if its request's ``is_finished()`` says so, as
+        ``requests.release_finished(finished, done)`` releases them (natively when no
+        observer listens and ``requests``' methods were the table's own when the
+        queue was made; else ``requests._drop(records, True)``, or, without the
+        table, ``requests.release_finished``). The pending pop is dropped if
+        released."""
 
 @final
 class MetricsMirror:

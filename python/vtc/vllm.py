@@ -20,7 +20,6 @@ charged and when, the tenant rule and every ``VTC_*`` variable:
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
@@ -92,10 +91,6 @@ _RUNNING = RequestStatus.RUNNING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
-#: whether vLLM finished a request (a step's finishes: Requests.release_finished)
-_is_finished = operator.methodcaller("is_finished")
-
-
 class VTCRequestQueue(WaitingQueue, RequestQueue):
     """vLLM's waiting queue, ordered by a ``vtc.Scheduler`` in engine mode.
 
@@ -125,8 +120,11 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
       (:meth:`vtc.adapter.Requests.charge_outputs`; ``running``: every output is
       from a distinct request running in the core, ``tokens`` the step's sampled
       token lists, :meth:`_VTCMixin.update_from_output` knows when), then the
-      finished ones forgotten (:meth:`release_finished`): ``finished``, the ids
-      vLLM freed (``finished_req_ids``), else the outputs with a ``finish_reason``.
+      finished ones forgotten (``release_finished``): ``finished``, the ids vLLM
+      freed (``finished_req_ids``), else the outputs with a ``finish_reason``;
+    * ``release_finished(finished)``: a step's finished requests (by id) forgotten,
+      each whose ``is_finished()`` says so (a resumable request that only stopped a
+      turn stays), as :meth:`vtc.adapter.Requests.release_finished` releases them.
     """
 
     def __new__(
@@ -197,15 +195,6 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
     def charge(self, produced: Mapping[str, int]) -> None:
         """Charge the tokens each request (by vLLM id) produced in one step, in one core call."""
         self.requests.charge_keys(produced.items())
-
-    def release_finished(self, finished: Iterable[str]) -> None:
-        """Forget the requests vLLM finished in a step (``finished``: their ids; a
-        resumable, streaming-input request that only stopped a turn stays), after
-        :meth:`record_outputs` (native: ``vtc._core.WaitingQueue``) charged what the
-        step's outputs produced."""
-        released = self.requests.release_finished(finished, _is_finished)
-        if self._pending is not None and self._pending in released:
-            self._pending = None
 
     @property
     def num_aside(self) -> int:

@@ -7,7 +7,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
-use vtc_core::{CoreError, KeyRef, Tokens};
+use vtc_core::{CoreError, KeyRef, RequestState, Tokens};
 
 use crate::args::{
     CachedLen, Client, Int, PredictedOutput, Priority, PromptLen, RequestId, TokenCount,
@@ -78,6 +78,22 @@ impl PyScheduler {
         let mut g = self.lock(py)?;
         Ok(g.core
             .submit_keyed(rid, &key, prompt_len, 0, None, priority)?)
+    }
+
+    /// A released request leaves the core, as `vtc.adapter.Requests` releases it:
+    /// `finish` if `finished` and it runs, else `cancel` if the core holds it.
+    /// Whether it finished.
+    pub(crate) fn release_rid(&self, py: Python<'_>, rid: u64, finished: bool) -> Result<bool> {
+        let mut g = self.lock(py)?;
+        match g.core.status(rid) {
+            Some(RequestState::Running) if finished => g.core.finish(rid)?,
+            Some(_) => {
+                g.core.cancel(rid)?;
+                return Ok(false);
+            }
+            None => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// `decode([rid], [tokens])` for native callers.

@@ -15,6 +15,7 @@
 //! engine's request is the `request` of the record (`vtc._core.Tracked`)
 //! `Requests` keeps by core id (its `_by_rid` dict, shared, not copied).
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
 
 use parking_lot::Mutex;
@@ -23,7 +24,7 @@ use pyo3::exceptions::{
 };
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyInt, PyList, PyString};
+use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
@@ -57,6 +58,10 @@ struct Table {
     by_key: Py<PyDict>,
     /// `requests._M`: the longest prompt submitted as it is.
     budget: i64,
+    /// `requests.overrides` and `requests._aside`: keyed by the engine's key,
+    /// each emptied of a released request's key.
+    overrides: Py<PyDict>,
+    aside: Py<PyDict>,
 }
 
 impl Table {
@@ -65,12 +70,13 @@ impl Table {
         let own = py
             .import(intern!(py, "vtc.adapter"))?
             .getattr(intern!(py, "Requests"))?;
-        for name in [intern!(py, "admit"), intern!(py, "submit")] {
-            let func = match requests.getattr_opt(name)? {
+        let names = ["admit", "submit", "release_finished", "_drop"];
+        for name in names.map(|n| PyString::intern(py, n)) {
+            let func = match requests.getattr_opt(&name)? {
                 Some(m) => m.getattr_opt(intern!(py, "__func__"))?,
                 None => None,
             };
-            let mine = own.getattr(name)?;
+            let mine = own.getattr(&name)?;
             if !func.is_some_and(|f| f.is(&mine)) {
                 return Ok(None);
             }
@@ -78,10 +84,14 @@ impl Table {
         let observers = requests.getattr(intern!(py, "observers"))?;
         let by_key = requests.getattr(intern!(py, "_by_key"))?;
         let budget = requests.getattr(intern!(py, "_M"))?;
-        let (Ok(observers), Ok(by_key), Some(budget)) = (
+        let overrides = requests.getattr(intern!(py, "overrides"))?;
+        let aside = requests.getattr(intern!(py, "_aside"))?;
+        let (Ok(observers), Ok(by_key), Some(budget), Ok(overrides), Ok(aside)) = (
             observers.cast_into::<PyList>(),
             by_key.cast_into_exact::<PyDict>(),
             exact_i64(&budget),
+            overrides.cast_into_exact::<PyDict>(),
+            aside.cast_into_exact::<PyDict>(),
         ) else {
             return Ok(None);
         };
@@ -89,6 +99,8 @@ impl Table {
             observers: observers.unbind(),
             by_key: by_key.unbind(),
             budget,
+            overrides: overrides.unbind(),
+            aside: aside.unbind(),
         }))
     }
 
@@ -161,8 +173,42 @@ impl PyWaitingQueue {
 
     /// `requests.<name> += 1`.
     fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<()> {
-        let n = requests.getattr(name)?.add(1)?;
+        Self::bump_by(requests, name, 1)
+    }
+
+    /// `requests.<name> += by`.
+    fn bump_by(requests: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, by: usize) -> PyResult<()> {
+        let n = requests.getattr(name)?.add(by)?;
         requests.setattr(name, n)
+    }
+
+    /// `Requests._drop(tracked, True)` natively (no observer listens): each record
+    /// (distinct, tracked) out of the table's maps, then out of the core (`finish`
+    /// if it runs, else `cancel` if held); one change each, counted first.
+    fn drop_finished(
+        &self,
+        py: Python<'_>,
+        table: &Table,
+        tracked: &[Bound<'_, PyTracked>],
+    ) -> Result<()> {
+        let requests = self.requests.bind(py);
+        Self::bump_by(requests, intern!(py, "changes"), tracked.len())?;
+        let (by_key, records) = (table.by_key.bind(py), self.records.bind(py));
+        let (overrides, aside) = (table.overrides.bind(py), table.aside.bind(py));
+        let core = self.core.get();
+        for t in tracked {
+            let t = t.get();
+            let key = t.key.bind(py);
+            by_key.del_item(key)?;
+            records.del_item(t.rid)?;
+            for keyed in [overrides, aside] {
+                if !keyed.is_empty() && keyed.contains(key)? {
+                    keyed.del_item(key)?;
+                }
+            }
+            core.release_rid(py, t.rid, true)?;
+        }
+        Ok(())
     }
 
     /// `requests.admit(record, cached)` natively, when nothing but the table and
@@ -508,6 +554,73 @@ impl PyWaitingQueue {
         Ok(())
     }
 
+    /// A step's finished requests forgotten (`finished`: their keys): each tracked
+    /// key's once, if its engine request's `is_finished()` says so (a resumable
+    /// request that only stopped a turn stays), as `Requests.release_finished(
+    /// finished, done)` releases them (natively when no observer listens: else
+    /// `requests._drop(records, True)`, which tells them); the pending pop is
+    /// dropped if it is one of them. Without the table (`requests`' methods
+    /// replaced): `requests.release_finished`.
+    fn release_finished(slf: &Bound<'_, Self>, finished: &Bound<'_, PyAny>) -> Result<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let requests = this.requests.bind(py);
+        let Some(table) = &this.table else {
+            let done = py
+                .import(intern!(py, "operator"))?
+                .getattr(intern!(py, "methodcaller"))?
+                .call1((intern!(py, "is_finished"),))?;
+            let released =
+                requests.call_method1(intern!(py, "release_finished"), (finished, done))?;
+            let pending = this.get_pending(py);
+            if let Some(p) = pending {
+                if released.contains(p)? {
+                    this.set_pending(None);
+                }
+            }
+            return Ok(());
+        };
+        let by_key = table.by_key.bind(py);
+        // (a set holds each key once; any other iterable is made distinct here)
+        let distinct =
+            finished.is_instance_of::<PySet>() || finished.is_instance_of::<PyFrozenSet>();
+        let mut seen = HashSet::new();
+        let mut tracked = Vec::new();
+        for key in finished.try_iter()? {
+            let Some(t) = by_key.get_item(key?)? else {
+                continue;
+            };
+            let t = t.cast_into::<PyTracked>().map_err(PyErr::from)?;
+            if !distinct && !seen.insert(t.get().rid) {
+                continue;
+            }
+            let request = t.get().request.bind(py);
+            if request
+                .call_method0(intern!(py, "is_finished"))?
+                .is_truthy()?
+            {
+                tracked.push(t);
+            }
+        }
+        if tracked.is_empty() {
+            return Ok(());
+        }
+        if table.observed(py) {
+            let list = PyList::new(py, &tracked)?;
+            requests.call_method1(intern!(py, "_drop"), (list, true))?;
+        } else {
+            this.drop_finished(py, table, &tracked)?;
+        }
+        let mut pending = this.pending.lock();
+        let released = pending
+            .as_ref()
+            .is_some_and(|p| tracked.iter().any(|t| t.is(p)));
+        let old = if released { pending.take() } else { None };
+        drop(pending);
+        drop(old);
+        Ok(())
+    }
+
     #[getter(_pending)]
     fn get_pending(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.pending.lock().as_ref().map(|p| p.clone_ref(py))
@@ -605,6 +718,8 @@ impl PyWaitingQueue {
         if let Some(table) = &self.table {
             visit.call(&table.observers)?;
             visit.call(&table.by_key)?;
+            visit.call(&table.overrides)?;
+            visit.call(&table.aside)?;
         }
         visit.call(&self.tenant_of)?;
         if let Some(pending) = self.pending.try_lock() {
