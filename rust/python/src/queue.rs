@@ -1,16 +1,17 @@
 //! `WaitingQueue`: the hot half of an engine's waiting queue, answered here with
 //! no Python frame: whether any request waits (`bool`), how many (`len`), the
 //! request the core admits next (`peek_request`), its provisional pop
-//! (`pop_request`) and its decision (`settle`: admitted, natively when nothing
-//! else must see the admission, or set aside), the charge of a step's outputs
-//! (`record_outputs`) and the step kept between vLLM's `schedule()` and
-//! `update_from_output()` (`scheduled`, `record_step`).
+//! (`pop_request`) and its decision (`settle`: admitted or set aside), an
+//! arrival (`add_request`), the charge of a step's outputs (`record_outputs`), its
+//! finishes (`release_finished`) and the step kept between vLLM's `schedule()` and
+//! `update_from_output()` (`scheduled`, `record_step`). The admission, the arrival
+//! and the finishes are made here too when nothing else must see them (`Table`).
 //!
 //! vLLM asks the first four ~6.5 times a step and the rest about once; as Python
 //! methods over `vtc.adapter.Requests` they were about a third of VTC's
 //! instructions a step (bench/README.md, 39, 43 and 44). A Python subclass
-//! (`vtc.vllm.VTCRequestQueue`) keeps every other method and `release_finished`, a
-//! step's finishes. The answers are the core's own (its `num_waiting`, its `peek`
+//! (`vtc.vllm.VTCRequestQueue`) keeps every other method (preemptions, removals,
+//! iteration). The answers are the core's own (its `num_waiting`, its `peek`
 //! with the prefix lookup the core holds), read under the core's lock; the
 //! engine's request is the `request` of the record (`vtc._core.Tracked`)
 //! `Requests` keeps by core id (its `_by_rid` dict, shared, not copied).
@@ -46,13 +47,14 @@ fn request_of<'py>(record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-/// The parts of a `vtc.adapter.Requests` table its admissions and arrivals are
-/// made with natively, taken when the queue is made, if `requests.admit` and
-/// `requests.submit` are then `Requests`' own (no subclass or instance replaced
-/// them: else what replaced them must see every call).
+/// The parts of a `vtc.adapter.Requests` table its admissions, arrivals and
+/// finishes are made with natively, taken when the queue is made if
+/// `requests.admit`, `submit`, `release_finished` and `_drop` are then `Requests`'
+/// own (no subclass or instance replaced them: else what replaced them must see
+/// every call).
 struct Table {
     /// `requests.observers` (a list, changed in place, never replaced): while it
-    /// is not empty, `admit` and `submit` tell it what they did.
+    /// is not empty, `Requests`' methods make each change (they tell it).
     observers: Py<PyList>,
     /// `requests._by_key`: the engine's key -> the request's record.
     by_key: Py<PyDict>,
@@ -124,8 +126,8 @@ pub(crate) struct PyWaitingQueue {
     core: Py<PyScheduler>,
     /// `requests._by_rid`: core id -> the request's record.
     records: Py<PyDict>,
-    /// What the native admission and arrival read of the table; None: every
-    /// admission is `requests.admit`'s, every arrival `requests.submit`'s.
+    /// What the native admission, arrival and finishes read of the table; None:
+    /// each is `requests`' own method's.
     table: Option<Table>,
     /// The engine's rule naming an arriving request's tenant (`add_request`).
     tenant_of: Option<Py<PyAny>>,
