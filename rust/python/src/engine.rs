@@ -80,20 +80,16 @@ impl PyScheduler {
             .submit_keyed(rid, &key, prompt_len, 0, None, priority)?)
     }
 
-    /// A released request leaves the core, as `vtc.adapter.Requests` releases it:
-    /// `finish` if `finished` and it runs, else `cancel` if the core holds it.
-    /// Whether it finished.
-    pub(crate) fn release_rid(&self, py: Python<'_>, rid: u64, finished: bool) -> Result<bool> {
+    /// A finished request leaves the core, as `vtc.adapter.Requests` releases it:
+    /// `finish` if it runs, else `cancel` if the core holds it.
+    pub(crate) fn finish_or_cancel(&self, py: Python<'_>, rid: u64) -> Result<()> {
         let mut g = self.lock(py)?;
         match g.core.status(rid) {
-            Some(RequestState::Running) if finished => g.core.finish(rid)?,
-            Some(_) => {
-                g.core.cancel(rid)?;
-                return Ok(false);
-            }
-            None => return Ok(false),
+            Some(RequestState::Running) => g.core.finish(rid)?,
+            Some(_) => g.core.cancel(rid)?,
+            None => {}
         }
-        Ok(true)
+        Ok(())
     }
 
     /// `decode([rid], [tokens])` for native callers.

@@ -208,7 +208,7 @@ impl PyWaitingQueue {
                     keyed.del_item(key)?;
                 }
             }
-            core.release_rid(py, t.rid, true)?;
+            core.finish_or_cancel(py, t.rid)?;
         }
         Ok(())
     }
