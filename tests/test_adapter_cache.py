@@ -158,6 +158,28 @@ def test_a_counter_raised_between_passes_is_seen() -> None:
     ad.core.set_weight("b", 1.0)
 
 
+def test_a_change_made_around_the_table_within_a_pass_is_seen() -> None:
+    """The head is kept while the core's ``state_version`` stands: a change made on
+    the core directly within a pass (a raised counter, a weight, a cancel) is seen
+    at the next question, and the core is asked once per change."""
+    ad, core = setup()
+    r = ad.requests
+    ta = ad.enqueue("a1", "A1", ("a",), 10)
+    tb = ad.enqueue("b1", "B1", ("b",), 10)
+    with ad.selecting():
+        assert r.head() is ta and r.head() is ta
+        peeks = core.peeks
+        ad.core.raise_counter("a", 1000.0)
+        assert check(ad) is tb and r.head() is tb
+        assert core.peeks == peeks + 1
+        ad.core.set_weight("a", 1e6)  # (a's counter stays: b is still first)
+        assert check(ad) is tb
+        ad.core.cancel(tb.rid)
+        assert check(ad) is ta
+        ad.core.status(ta.rid), ad.core.num_waiting, ad.core.changes()  # reads: no change
+        assert r.head() is ta and core.peeks == peeks + 3
+
+
 def test_a_charge_within_a_pass_moves_the_head() -> None:
     ad, _ = setup()
     r = ad.requests

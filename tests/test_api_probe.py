@@ -2,7 +2,8 @@
 ``FairnessWindow``, with ordinary and odd arguments (negative, huge, NaN, wrong types,
 empty id lists, mutated snapshots, prefix lookups that raise): no call may panic or
 raise ``InternalError``; a call that raises leaves the scheduler as it was
-(``snapshot()`` equal); the core's invariants hold after every call. Seeded, so a
+(``snapshot()`` and ``state_version`` equal), and a call that changes the snapshot
+changes ``state_version``; the core's invariants hold after every call. Seeded, so a
 failure replays. (It found ``decode([], -1)`` breaking the bound on generated counts.)"""
 
 from __future__ import annotations
@@ -182,13 +183,15 @@ def test_random_calls_never_panic_nor_change_anything_when_they_fail(seed):
         s = probe.scheduler()
         ledger, window = SyncLedger(probe.r.randrange(2)), FairnessWindow(10.0)
         for step in range(200):
-            before = s.snapshot()
+            before, version = s.snapshot(), s.state_version
             try:
                 probe.call(s, ledger, window)
             except vtc.InternalError as e:  # pragma: no cover - a defect
                 pytest.fail(f"seed {seed} step {step}: InternalError {e}")
             except Exception as e:  # noqa: BLE001 - any error is allowed (a panic is no
                 # Exception: PyO3's PanicException derives from BaseException, and fails here)
-                if s.snapshot() != before:  # pragma: no cover - a defect
+                if s.snapshot() != before or s.state_version != version:  # pragma: no cover
                     pytest.fail(f"seed {seed} step {step}: {type(e).__name__} {e} changed state")
+            # a change of the state is a new version (what keeps an answer relies on it)
+            assert s.snapshot() == before or s.state_version != version, f"seed {seed} {step}"
             s._check_invariants()

@@ -627,6 +627,18 @@ class Scheduler:
     def num_running(self) -> int:
         """Requests admitted and not yet finished, cancelled or preempted."""
     @property
+    def state_version(self) -> int:
+        """The scheduling state's version: it advances with every call that changes
+        the requests, their states, the counters, the weights or the configuration
+        (a call that fails changes nothing and leaves it; reads, ``changes`` and
+        ``reset_changes`` leave it too). Equal reads: nothing changed in between, so
+        an answer kept since (the next request, the running set) still holds.
+        Compare for equality only (it wraps at 2**64); not kept in a snapshot."""
+    @property
+    def uniform_decodes(self) -> int:
+        """The ``decode_all`` calls (``decode_uniform`` ones included) that charged
+        tokens, so far: an engine's uniform steps. Not kept in a snapshot."""
+    @property
     def num_clients(self) -> int:
         """Clients the scheduler has seen (by submit or set_weight)."""
     def set_band_weights(self, weights: Mapping[int, float] | None) -> None:

@@ -303,12 +303,10 @@ class Requests:
     :attr:`overrides`, where the core looks it up. A request's state is the core's alone
     (``status(rid)``): nothing here can fall out of step with it.
 
-    :meth:`head` is asked of the core once per change within a scheduling pass
-    (:class:`SchedulingPass`; each call here that changes the core counts one in
-    :attr:`changes`), while the order can change by no other path: outside a
-    pass a counter may rise meanwhile (shared counters' sync, weights reloaded),
-    so it asks the core each time. (vLLM's queue asks the core natively:
-    ``vtc._core.WaitingQueue``.)
+    :meth:`head` is asked of the core once per change of its state within a
+    scheduling pass (:class:`SchedulingPass`; :attr:`changes`, the core's
+    ``state_version``); outside a pass it asks the core each time. (vLLM's queue
+    asks the core natively: ``vtc._core.WaitingQueue``.)
     """
 
     def __init__(self, core: Scheduler, observers: _Observers | None = None) -> None:
@@ -325,18 +323,26 @@ class Requests:
         self._M = core.M
         self._aside: dict[Hashable, int] = {}  # key -> order it was set aside in
         self._aside_seq = 0
-        #: calls here that changed (or may have changed) the core, so far
-        self.changes = 0
-        #: steps :meth:`charge_outputs` charged without reading ids, so far
-        self.uniform_steps = 0
         # Within a scheduling pass (set, with head_kept_at reset, at both of its edges
-        # by SchedulingPass) the order of the queue changes only by calls here, so
-        # head() may keep its answer.
+        # by SchedulingPass) head() may keep its answer while the core is unchanged.
         self._in_pass = False
         #: head()'s answer kept in this pass, valid while ``head_kept_at`` is
-        #: ``changes`` (-1 outside a pass: never)
+        #: :attr:`changes` (-1 outside a pass: never)
         self.head_kept: Tracked | None = None
         self.head_kept_at = -1
+
+    @property
+    def changes(self) -> int:
+        """The core's ``state_version``: it advances with every change of the core's
+        state, made here or not (shared counters' sync, weights reloaded). Compare,
+        never order."""
+        return self.core.state_version
+
+    @property
+    def uniform_steps(self) -> int:
+        """The steps charged without reading ids, so far (:meth:`charge_outputs`;
+        the core's ``uniform_decodes``)."""
+        return self.core.uniform_decodes
 
     # -- lookups (and :attr:`get`) -------------------------------------------------
     def at(self, rid: int) -> Tracked:
@@ -350,12 +356,14 @@ class Requests:
     def head(self) -> Tracked | None:
         """The request the core admits next (None if none waits); within a
         scheduling pass, asked of the core once per change."""
-        if self.head_kept_at == self.changes:
+        core = self.core
+        version = core.state_version
+        if self.head_kept_at == version:
             return self.head_kept
-        rid = self.core.peek()
+        rid = core.peek()
         t = None if rid is None else self._by_rid[rid]
         if self._in_pass:
-            self.head_kept, self.head_kept_at = t, self.changes
+            self.head_kept, self.head_kept_at = t, version
         return t
 
     def num_waiting(self) -> int:
@@ -424,7 +432,6 @@ class Requests:
             n = min(max(int(n), 1), self._M)
         if type(priority) is not int or not _BAND_MIN <= priority <= _BAND_MAX:
             priority = min(max(int(priority), _BAND_MIN), _BAND_MAX)  # the core's 64-bit bands
-        self.changes += 1  # (before the change: head() asks the core again)
         observers = self.observers
         if observers and observers.wants("arriving"):
             observers.notify("arriving", tenant)
@@ -446,7 +453,6 @@ class Requests:
         cached = cached_len
         if type(cached) is not int or not 0 <= cached <= t.prompt_len:  # (in range: as it is)
             cached = min(max(int(cached), 0), t.prompt_len)
-        self.changes += 1
         rid = self.core.pop(cached)  # (positional: no keyword to parse)
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core admitted {rid}, the engine admitted {t.rid}")
@@ -462,7 +468,6 @@ class Requests:
 
     def set_aside(self, t: Tracked) -> None:
         """``t``, the core's head, was skipped by the engine: off its queue, uncharged."""
-        self.changes += 1
         rid = self.core.set_aside()
         if rid != t.rid:  # pragma: no cover - would be a bug in the shell
             raise RuntimeError(f"VTC core set aside {rid}, the engine skipped {t.rid}")
@@ -475,7 +480,6 @@ class Requests:
         a waiting request stays as it is. ``state``: its :meth:`status`, if known."""
         if state is None:
             state = self.core.status(t.rid)
-        self.changes += 1
         if state == ASIDE:
             self.core.put_back(t.rid)
             del self._aside[t.key]
@@ -550,8 +554,8 @@ class Requests:
 
     def _drop(self, tracked: Iterable[Tracked], finished: bool) -> None:
         """Drop each of ``tracked`` (distinct and tracked): ``finish`` in the core if
-        ``finished`` and it runs there, else ``cancel`` if the core holds it; one
-        change each (a step's finishes come here)."""
+        ``finished`` and it runs there, else ``cancel`` if the core holds it (a
+        step's finishes come here)."""
         by_key, by_rid, core = self._by_key, self._by_rid, self.core
         observers = self.observers
         for t in tracked:
@@ -562,7 +566,6 @@ class Requests:
                 self.overrides.pop(key, None)
             if self._aside:
                 self._aside.pop(key, None)
-            self.changes += 1
             done = False
             if finished:
                 try:
@@ -591,7 +594,6 @@ class Requests:
                 per_rid[t.rid] = per_rid.get(t.rid, 0) + n
         if not per_rid:
             return []
-        self.changes += 1  # (counters move, no request: the waiting count stays)
         try:
             _decode(self.core, per_rid)
             idle = []
@@ -660,7 +662,7 @@ class Requests:
         requests, each with the same number of tokens (most decode steps: one
         each), is then charged without reading an id (``decode_uniform``:
         ``decode_all`` in the core, O(running tenants)), counted in
-        :attr:`uniform_steps`; any other step as above.
+        :attr:`uniform_steps` (by the core); any other step as above.
 
         ``tokens`` (with ``running``): the step's token lists, as many as
         ``outputs`` and in some order each output's ``<tokens_attr>`` list (the
@@ -677,7 +679,6 @@ class Requests:
         """
         if not outputs:
             return
-        self.changes += 1  # (counters move, no request: the waiting count stays)
         core = self.core
         try:
             if not running:
@@ -686,9 +687,7 @@ class Requests:
                 uniform = core.decode_uniform(tokens, tokens_attr=None)
             else:
                 uniform = core.decode_uniform(outputs, tokens_attr=tokens_attr)
-            if uniform:
-                self.uniform_steps += 1
-            else:
+            if not uniform:
                 core.decode_outputs(
                     outputs,
                     self.overrides,

@@ -379,6 +379,14 @@ impl PyScheduler {
         Ok(self.lock(py)?.core.num_running())
     }
     #[getter]
+    fn state_version(&self, py: Python<'_>) -> Result<u64> {
+        Ok(self.lock(py)?.core.state_version())
+    }
+    #[getter]
+    fn uniform_decodes(&self, py: Python<'_>) -> Result<u64> {
+        Ok(self.lock(py)?.core.uniform_decodes())
+    }
+    #[getter]
     fn num_clients(&self, py: Python<'_>) -> Result<usize> {
         Ok(self.lock(py)?.core.num_clients())
     }

@@ -136,9 +136,10 @@ pub(crate) struct PyWaitingQueue {
     statuses: Option<(Py<PyAny>, Py<PyAny>)>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
-    /// The last `scheduled` step's output and `requests.changes` then, while the
-    /// engine's running list and the core's running set had as many requests.
-    step: Mutex<Option<(Py<PyAny>, Py<PyAny>)>>,
+    /// The last `scheduled` step's output and the core's `state_version` then,
+    /// while the engine's running list and the core's running set had as many
+    /// requests.
+    step: Mutex<Option<(Py<PyAny>, u64)>>,
 }
 
 impl PyWaitingQueue {
@@ -173,28 +174,15 @@ impl PyWaitingQueue {
         }
     }
 
-    /// `requests.<name> += 1`.
-    fn bump(requests: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> PyResult<()> {
-        Self::bump_by(requests, name, 1)
-    }
-
-    /// `requests.<name> += by`.
-    fn bump_by(requests: &Bound<'_, PyAny>, name: &Bound<'_, PyString>, by: usize) -> PyResult<()> {
-        let n = requests.getattr(name)?.add(by)?;
-        requests.setattr(name, n)
-    }
-
     /// `Requests._drop(tracked, True)` natively (no observer listens): each record
     /// (distinct, tracked) out of the table's maps, then out of the core (`finish`
-    /// if it runs, else `cancel` if held); one change each, counted first.
+    /// if it runs, else `cancel` if held).
     fn drop_finished(
         &self,
         py: Python<'_>,
         table: &Table,
         tracked: &[Bound<'_, PyTracked>],
     ) -> Result<()> {
-        let requests = self.requests.bind(py);
-        Self::bump_by(requests, intern!(py, "changes"), tracked.len())?;
         let (by_key, records) = (table.by_key.bind(py), self.records.bind(py));
         let (overrides, aside) = (table.overrides.bind(py), table.aside.bind(py));
         let core = self.core.get();
@@ -217,8 +205,8 @@ impl PyWaitingQueue {
     /// the core must see it: `record` a native `Tracked`, `cached` an exact int in
     /// i64 and no observer to tell what the admission charged (false, with nothing
     /// done, otherwise). As `Requests.admit`: `cached` clamped to [0, prompt_len],
-    /// one change counted (before the core's pop), the core's head popped (it must
-    /// be `record`'s request), the admission counted and the tokens it owes charged.
+    /// the core's head popped (it must be `record`'s request), the admission
+    /// counted and the tokens it owes charged.
     fn admit(
         &self,
         py: Python<'_>,
@@ -236,7 +224,6 @@ impl PyWaitingQueue {
         };
         let t = t.get();
         let cached = cached.max(0).min(t.prompt_len); // (min(max()): never a panic)
-        Self::bump(self.requests.bind(py), intern!(py, "changes"))?;
         let core = self.core.get();
         let rid = core.pop_head(py, cached)?;
         if rid != Some(t.rid) {
@@ -260,9 +247,9 @@ impl PyWaitingQueue {
     /// but the table and the core must see it and nothing needs converting: the
     /// key and the tenant exact `str`s, `n` an exact int in [1, M], `priority` an
     /// exact int in i64, the id `key_id(key)` free, no observer to tell of the
-    /// arrival (false, with nothing done, otherwise). As `Requests.submit`: one
-    /// change counted (before the core's submit), the request submitted in band
-    /// `priority` under its key's id, its record made and kept under both.
+    /// arrival (false, with nothing done, otherwise). As `Requests.submit`: the
+    /// request submitted in band `priority` under its key's id, its record made
+    /// and kept under both.
     fn submit(
         &self,
         py: Python<'_>,
@@ -291,7 +278,6 @@ impl PyWaitingQueue {
         if records.contains(rid)? {
             return Ok(false); // (taken by a live request: the next free id is Python's)
         }
-        Self::bump(self.requests.bind(py), intern!(py, "changes"))?;
         self.core.get().submit_str(py, rid, tenant, n, priority)?;
         let t = PyTracked::new(
             key.clone().unbind(),
@@ -313,7 +299,7 @@ impl PyWaitingQueue {
     /// running=running, tokens=tokens)` does. Its common step natively: every
     /// output from a distinct running request (`running`), each of the step's token
     /// lists `tokens` of one length, one per output, and no observer to tell;
-    /// `decode_uniform` then charges it (one change, one uniform step). Any other
+    /// `decode_uniform` then charges it (the core counts a uniform decode). Any other
     /// step is `charge_outputs`' own, told what this call already learnt (lists
     /// not of one length: it need not read them again).
     fn charge(
@@ -334,10 +320,7 @@ impl PyWaitingQueue {
                 && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
             {
                 return match self.core.get().decode_uniform(py, lists.as_any(), None) {
-                    Ok(true) => {
-                        Self::bump(requests, intern!(py, "changes"))?;
-                        Self::bump(requests, intern!(py, "uniform_steps"))
-                    }
+                    Ok(true) => Ok(()),
                     // not uniform: read by id (what charge_outputs does next)
                     Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
                     // refused: charge_outputs' own fallback, after the same refusal
@@ -395,8 +378,8 @@ impl PyWaitingQueue {
 
     /// The engine scheduled a step (`output`, with `num_scheduled_tokens`): its
     /// last pop settled by it, and the step kept for `record_step` if `running`,
-    /// the engine's running requests, are as many as the core's (with
-    /// `requests.changes` now; else nothing is kept).
+    /// the engine's running requests, are as many as the core's (with the
+    /// core's `state_version` now; else nothing is kept).
     fn scheduled(slf: &Bound<'_, Self>, output: &Bound<'_, PyAny>, running: usize) -> Result<()> {
         let py = slf.py();
         let this = slf.get();
@@ -405,13 +388,10 @@ impl PyWaitingQueue {
             let tokens = output.getattr(intern!(py, "num_scheduled_tokens"))?;
             slf.call_method1(intern!(py, "settle"), (tokens,))?;
         }
-        let same = running == this.core.get().lock(py)?.core.num_running();
-        let kept = if same {
-            let changes = this.requests.bind(py).getattr(intern!(py, "changes"))?;
-            Some((output.clone().unbind(), changes.unbind()))
-        } else {
-            None
-        };
+        let g = this.core.get().lock(py)?;
+        let kept = (running == g.core.num_running())
+            .then(|| (output.clone().unbind(), g.core.state_version()));
+        drop(g);
         let old = std::mem::replace(&mut *this.step.lock(), kept);
         drop(old);
         Ok(())
@@ -421,7 +401,7 @@ impl PyWaitingQueue {
     /// `outputs`: its client -> output groups; `finished`: the ids it freed, or
     /// None): `record_outputs` of its groups, told the step is `running` (every
     /// output from a distinct running request) when it is the step `scheduled`
-    /// kept and the table has not changed since, with the runner's
+    /// kept and the core has not changed since, with the runner's
     /// `sampled_token_ids` as the token lists when they are a non-empty list of
     /// lists. The kept step is used once.
     fn record_step(
@@ -435,9 +415,8 @@ impl PyWaitingQueue {
         let this = slf.get();
         let kept = this.step.lock().take();
         let running = match kept {
-            Some((output, changes)) if output.bind(py).is(scheduler_output) => {
-                let now = this.requests.bind(py).getattr(intern!(py, "changes"))?;
-                now.eq(changes)?
+            Some((output, version)) if output.bind(py).is(scheduler_output) => {
+                version == this.core.get().lock(py)?.core.state_version()
             }
             _ => false,
         };
@@ -728,9 +707,8 @@ impl PyWaitingQueue {
             visit.call(pending.as_ref())?;
         }
         if let Some(step) = self.step.try_lock() {
-            if let Some((output, changes)) = step.as_ref() {
+            if let Some((output, _)) = step.as_ref() {
                 visit.call(output)?;
-                visit.call(changes)?;
             }
         }
         Ok(())

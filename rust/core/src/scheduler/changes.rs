@@ -56,12 +56,15 @@ pub(super) struct Changes {
     dirty: Vec<u8>,
     lists: [Vec<u32>; READERS],
     gone: [Vec<Gone>; READERS],
+    /// Every change counted (see `Scheduler::state_version`), readers or none.
+    version: u64,
 }
 
 impl Changes {
     /// Mark client `c` changed for every active reader.
     #[inline(always)]
     pub(super) fn touch(&mut self, c: u32) {
+        self.bump();
         let active = self.active;
         if active == 0 {
             return;
@@ -85,6 +88,7 @@ impl Changes {
     /// Client `c` (key `key`) is forgotten: report it gone to every active
     /// reader, and take it off their lists (its id may be reused).
     pub(super) fn forget(&mut self, c: u32, key: Option<&ClientKey>) {
+        self.bump();
         if self.active == 0 {
             return;
         }
@@ -95,6 +99,13 @@ impl Changes {
         }
         // still listed: a listed id that is not live, or live again under
         // another key, is sorted out at the read
+    }
+
+    /// Count a change that touches no one client (the configuration, tokens
+    /// inside a prediction) in the version.
+    #[inline(always)]
+    pub(super) fn bump(&mut self) {
+        self.version = self.version.wrapping_add(1);
     }
 
     pub(super) fn check(&self) -> std::result::Result<(), String> {
@@ -187,6 +198,23 @@ impl Scheduler {
         ch.lists[reader].clear();
         ch.gone[reader].clear();
         Ok(())
+    }
+
+    /*
+     * state_version: the scheduling state's version, for a caller that keeps an
+     * answer (the next request, whether the running set is as it was) until
+     * something changes.
+     *
+     * It advances with every change a reader hears of (`Changes::touch`, a
+     * forgotten client) and with the changes that touch no one client: the
+     * configuration setters and a decode's tokens (inside a prediction they
+     * charge no one). So two equal reads mean that no call in between changed
+     * the requests, their states, the counters or the weights; a call that
+     * fails changes nothing and leaves it. Wrapping: compare, never order.
+     */
+    /// The scheduling state's version (see above).
+    pub fn state_version(&self) -> u64 {
+        self.changes.version
     }
 
     pub(super) fn check_changes(&self) -> std::result::Result<(), String> {

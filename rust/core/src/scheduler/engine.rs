@@ -284,7 +284,8 @@ impl Scheduler {
 
     /// Charge a validated decode: `slots[i]` generated `tokens.at(i)`.
     pub(super) fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
-        // one copy of the loop per kind of `tokens` (see `validate_decode`)
+        self.changes.bump(); // (tokens inside a prediction touch no client)
+                             // one copy of the loop per kind of `tokens` (see `validate_decode`)
         let total = match tokens {
             Tokens::Each(t) => self.apply_slots(slots, |_| t as u64),
             Tokens::PerRequest(ts) => self.apply_slots(slots, |i| ts[i] as u64),

@@ -128,6 +128,8 @@ pub struct Scheduler {
     /// Tokens `decode_all` gave every running request, in all (wrapping:
     /// only differences are read, see `Request::generated`).
     uniform: u64,
+    /// `decode_all` calls that charged tokens (see `uniform_decodes`).
+    uniform_decodes: u64,
     /// Clients with running requests, in no order (see `running`).
     running_clients: Vec<u32>,
     /// Running requests still inside their prediction (generated < predicted).
@@ -225,6 +227,7 @@ impl Scheduler {
             means: Vec::new(),
             shares: None,
             uniform: 0,
+            uniform_decodes: 0,
             running_clients: Vec::new(),
             n_predicting: 0,
             gen_hi: 0,
@@ -242,6 +245,7 @@ impl Scheduler {
     pub fn set_cost(&mut self, cost: Cost) -> Result<()> {
         cost.validate()?;
         self.cost = cost;
+        self.changes.bump();
         Ok(())
     }
 
@@ -258,6 +262,7 @@ impl Scheduler {
             return Err(CoreError::InvalidClientCap(0));
         }
         self.client_cap = cap.map(|c| c.min(self.budget));
+        self.changes.bump();
         Ok(())
     }
 
@@ -268,6 +273,7 @@ impl Scheduler {
     /// Predict output lengths of requests submitted without one.
     pub fn set_predictor(&mut self, p: Predictor) {
         self.predictor = p;
+        self.changes.bump();
     }
 
     pub fn predictor(&self) -> Predictor {
@@ -281,6 +287,7 @@ impl Scheduler {
     pub fn set_locality_quantum(&mut self, q: f64) -> Result<()> {
         check_locality_quantum(q, self.policy)?;
         self.locality_quantum = q;
+        self.changes.bump();
         Ok(())
     }
 
@@ -316,6 +323,11 @@ impl Scheduler {
     }
     pub fn num_running(&self) -> usize {
         self.running.len()
+    }
+    /// The `decode_all` calls that charged tokens (any running request and
+    /// `tokens > 0`), so far: an engine's uniform steps. Not kept in a snapshot.
+    pub fn uniform_decodes(&self) -> u64 {
+        self.uniform_decodes
     }
     /// Clients known to the scheduler (forgotten ones excluded).
     pub fn num_clients(&self) -> usize {
@@ -509,9 +521,11 @@ impl Scheduler {
     pub fn set_band_weights(&mut self, weights: Option<&[(i64, f64)]>) -> Result<()> {
         let Some(weights) = weights else {
             self.shares = None;
+            self.changes.bump();
             return Ok(());
         };
         check_band_weights(weights)?;
+        self.changes.bump();
         let mut sorted: Vec<(i64, f64)> = Vec::with_capacity(weights.len());
         for &(p, w) in weights {
             match sorted.iter_mut().find(|(q, _)| *q == p) {
