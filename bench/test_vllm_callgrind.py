@@ -95,3 +95,48 @@ def test_callgrind_probe_counts_one_entry_point_alone(config: Any, only: str) ->
 def test_callgrind_probe_refuses_an_unknown_entry_point(config: Any) -> None:
     with pytest.raises(SystemExit, match="peek_requests"):
         vllm_callgrind.build_engine(lambda: None, config, only="peek_requests")
+
+
+@pytest.mark.parametrize("engine", ["floor", "stock"])
+def test_callgrind_probe_counts_the_floor_and_stock_vllm_as_it_counts_vtc(
+    config: Any, engine: str
+) -> None:
+    """``--engine floor``: stock vLLM's own queue and a pass-through mixin, toggled by
+    the same wrappers as VTC's (the queue's entry points it has and the mixin's two
+    methods, off again inside vLLM's); ``--engine stock``: stock vLLM's three step
+    methods, counted whole. Both toggle in pairs, only while measuring, off between
+    steps, and decide as a plain stock engine does (first come, first served)."""
+    from test_vllm_overhead import NUM_BLOCKS, Engine, Scheduler, make_scheduler
+
+    callers: list[str] = []
+
+    def toggle() -> None:
+        callers.append(sys._getframe(1).f_locals["method"].__qualname__)
+
+    counted = vllm_callgrind.build_engine(toggle, config, engine=engine)
+    plain = Engine(make_scheduler(Scheduler, config, num_blocks=NUM_BLOCKS))
+    for _ in step_both(counted, plain, 40):
+        pass
+    assert not callers
+    counted.counting["measure"] = True
+    for _ in step_both(counted, plain, 20):
+        assert len(callers) % 2 == 0
+    step_methods = {f"Scheduler.{m}" for m in ("add_request", "schedule", "update_from_output")}
+    if engine == "stock":
+        assert set(callers) == step_methods
+    else:
+        mixin = {f"PassThrough.{m}" for m in ("schedule", "update_from_output")}
+        # vLLM's own methods inside the mixin's switch it off and on again
+        inside = {f"Scheduler.{m}" for m in ("schedule", "update_from_output")}
+        queue = {c for c in callers if c not in mixin | inside}
+        assert sum(c in mixin for c in callers) == 20 * 2 * 2
+        assert queue and all(c.startswith(("FCFSRequestQueue.", "deque.")) for c in queue), queue
+    assert counted.admissions == plain.admissions
+    assert counted.steps == plain.steps and counted.min_batch == plain.min_batch
+
+
+def test_callgrind_probe_refuses_an_unknown_engine_and_only_with_stock(config: Any) -> None:
+    with pytest.raises(SystemExit, match="'fcfs'"):
+        vllm_callgrind.build_engine(lambda: None, config, engine="fcfs")
+    with pytest.raises(SystemExit, match="not stock's"):
+        vllm_callgrind.build_engine(lambda: None, config, only="__bool__", engine="stock")

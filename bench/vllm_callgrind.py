@@ -29,6 +29,18 @@ mixin's own code. The mixin calls into the queue itself (``record_outputs``,
 ``settle``), so ``(scheduler)`` includes those calls, and ``--only record_outputs``
 counts them alone; the other entry points are called by vLLM, and their counts add up
 with ``(scheduler)``'s to the whole step's.
+
+``--engine`` picks what is counted, on the same workload:
+
+* ``vtc`` (the default): VTC's code, as above;
+* ``floor``: the probe's floor: stock vLLM's own first-come queue and a mixin that only
+  calls vLLM's methods, counted exactly as VTC's queue and mixin are (the same
+  wrappers, toggles and entry points). It reads what the probe's own frames and toggles
+  cost, with what the queue VTC replaces does: ``vtc`` less ``floor`` is VTC's code
+  net of the probe and of the queue any engine has (what the clocks report net of
+  their floor, ``test_vllm_overhead.py``);
+* ``stock``: stock vLLM's whole scheduler step (``add_request``, ``schedule()``,
+  ``update_from_output()``, vLLM's own code included): the step VTC's share is of.
 """
 
 from __future__ import annotations
@@ -75,14 +87,37 @@ def toggle_function() -> Any:
 #: ``--only``'s name for the scheduler mixin's own code
 SCHEDULER = "(scheduler)"
 
+#: what ``--engine`` counts (see the module's doc)
+ENGINES = ("vtc", "floor", "stock")
 
-def build_engine(toggle: Any, config: Any = None, only: str | None = None) -> Any:
-    """A seeded VTC engine (``test_vllm_overhead.Engine``) whose VTC code toggles
-    collection: on at each outermost queue entry point and around the mixin's own
-    code, off again around vLLM's ``schedule()``/``update_from_output()`` inside.
+
+class PassThrough:
+    """The floor's scheduler mixin: it adds nothing, its ``schedule()`` and
+    ``update_from_output()`` only call vLLM's (``super()``)."""
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        return super().update_from_output(*args, **kwargs)  # type: ignore[misc]
+
+
+def build_engine(
+    toggle: Any, config: Any = None, only: str | None = None, engine: str = "vtc"
+) -> Any:
+    """A seeded engine (``test_vllm_overhead.Engine``) that toggles collection.
+    ``engine="vtc"``: VTC's code toggles it, on at each outermost queue entry point
+    and around the mixin's own code, off again around vLLM's ``schedule()``/
+    ``update_from_output()`` inside; ``"floor"``: the same toggles around stock
+    vLLM's own queue and a pass-through mixin (:class:`PassThrough`); ``"stock"``:
+    stock vLLM's whole ``add_request``, ``schedule()`` and ``update_from_output()``.
     ``config``: vLLM's (the bench's tiny model if None). ``only``: the one entry
     point counted (a queue method's name, or :data:`SCHEDULER`), with what it
     calls. Its ``counting`` dict's ``measure`` switches the toggles on."""
+    if engine not in ENGINES:
+        raise SystemExit(f"--engine {engine!r}: not one of {ENGINES}")
+    if engine == "stock" and only is not None:
+        raise SystemExit("--only counts an entry point of VTC's or the floor's, not stock's")
     bench = Path(__file__).resolve().parent
     sys.path[:0] = [str(bench), str(bench.parent / "tests" / "vllm")]
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -134,21 +169,43 @@ def build_engine(toggle: Any, config: Any = None, only: str | None = None) -> An
         call.__name__ = method.__name__
         return call
 
-    class CountedQueue(VTCRequestQueue):
-        """The queue's entry points counted."""
+    if engine == "stock":
 
-    for name in B.TIMED_ENTRY_POINTS:
-        setattr(CountedQueue, name, counted(getattr(VTCRequestQueue, name), name))
+        class CountedStock(Scheduler):
+            """Stock vLLM's step counted whole."""
 
-    class VLLMOff(Scheduler):
-        """vLLM's own methods as the mixin's ``super()`` calls them: not counted."""
+        for name in ("add_request", "schedule", "update_from_output"):
+            setattr(CountedStock, name, counted(getattr(Scheduler, name), SCHEDULER))
+        base: type = Scheduler
+        scheduler_cls: type = CountedStock
+    else:
+        from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 
-    class CountedScheduler(VTCScheduler, VLLMOff):
-        """The mixin's own code counted."""
+        queue_cls = VTCRequestQueue if engine == "vtc" else FCFSRequestQueue
 
-    for name in ("schedule", "update_from_output"):
-        setattr(VLLMOff, name, uncounted(getattr(Scheduler, name)))
-        setattr(CountedScheduler, name, counted(getattr(VTCScheduler, name), SCHEDULER))
+        class CountedQueue(queue_cls):  # type: ignore[valid-type,misc]
+            """The queue's entry points counted (those it has: the floor's queue has
+            no ``settle``, ``record_outputs``, ...)."""
+
+        for name in B.TIMED_ENTRY_POINTS:
+            if hasattr(queue_cls, name):
+                setattr(CountedQueue, name, counted(getattr(queue_cls, name), name))
+
+        class VLLMOff(Scheduler):
+            """vLLM's own methods as the mixin's ``super()`` calls them: not counted."""
+
+        class FloorScheduler(PassThrough, Scheduler):
+            """The floor's scheduler (as VTCScheduler is VTC's mixin over vLLM's)."""
+
+        mixin = VTCScheduler if engine == "vtc" else FloorScheduler
+
+        class CountedScheduler(mixin, VLLMOff):  # type: ignore[valid-type,misc]
+            """The mixin's own code counted."""
+
+        for name in ("schedule", "update_from_output"):
+            setattr(VLLMOff, name, uncounted(getattr(Scheduler, name)))
+            setattr(CountedScheduler, name, counted(getattr(mixin, name), SCHEDULER))
+        base, scheduler_cls = mixin, CountedScheduler
 
     if config is None:
         model = write_tiny_llama(Path(tempfile.mkdtemp()), weights=False)
@@ -158,24 +215,26 @@ def build_engine(toggle: Any, config: Any = None, only: str | None = None) -> An
             max_num_batched_tokens=8192,
             max_model_len=1024,
         )
-    scheduler = make_scheduler(VTCScheduler, config, num_blocks=B.NUM_BLOCKS)
-    scheduler.__class__ = CountedScheduler
-    scheduler.waiting.__class__ = CountedQueue
-    engine = B.Engine(scheduler)
-    engine.counting = state  # type: ignore[attr-defined]
-    return engine
+    scheduler = make_scheduler(base, config, num_blocks=B.NUM_BLOCKS)
+    scheduler.__class__ = scheduler_cls
+    if engine != "stock":
+        scheduler.waiting.__class__ = CountedQueue
+    stepped = B.Engine(scheduler)
+    stepped.counting = state  # type: ignore[attr-defined]
+    return stepped
 
 
-def step(warmup: int, steps: int, only: str | None = None) -> None:
+def step(warmup: int, steps: int, only: str | None = None, engine: str = "vtc") -> None:
     """Warm the engine up uncounted, then count ``steps`` steps."""
-    engine = build_engine(toggle_function(), only=only)
+    stepped = build_engine(toggle_function(), only=only, engine=engine)
     for _ in range(warmup):
-        engine.step()
-    engine.counting["measure"] = True
+        stepped.step()
+    stepped.counting["measure"] = True
     for _ in range(steps):
-        engine.step()
-    engine.counting["measure"] = False
-    print(f"counted {steps} steps after {warmup} ({engine.s.waiting.tracked()} tracked)")
+        stepped.step()
+    stepped.counting["measure"] = False
+    waiting = len(stepped.s.waiting)
+    print(f"{engine}: counted {steps} steps after {warmup} ({waiting} waiting)")
 
 
 def summary(path: Path) -> dict[str, int]:
@@ -190,7 +249,7 @@ def summary(path: Path) -> dict[str, int]:
     return dict(zip(events, totals))
 
 
-def run(warmup: int, steps: int, out: Path, only: str | None = None) -> None:
+def run(warmup: int, steps: int, out: Path, only: str | None = None, engine: str = "vtc") -> None:
     """This script under valgrind (callgrind, cache simulation, collection off at
     start), then the totals per counted step."""
     # (a step under valgrind is ~100x slower: the tenant log line, every 10 s, would
@@ -199,7 +258,7 @@ def run(warmup: int, steps: int, out: Path, only: str | None = None) -> None:
     cmd = [
         "valgrind", "--tool=callgrind", "--collect-atstart=no", "--cache-sim=yes",
         f"--callgrind-out-file={out}", sys.executable, __file__,
-        "--warmup", str(warmup), "--steps", str(steps),
+        "--warmup", str(warmup), "--steps", str(steps), "--engine", engine,
     ] + (["--only", only] if only is not None else [])  # fmt: skip
     subprocess.run(cmd, env=env, check=True, stderr=subprocess.DEVNULL)
     totals = summary(out)
@@ -217,11 +276,12 @@ def main() -> None:
     parser.add_argument("--run", action="store_true", help="start valgrind and print per step")
     parser.add_argument("--out", type=Path, default=Path("callgrind.vtc-step.out"))
     parser.add_argument("--only", help=f"count one entry point: a queue method or {SCHEDULER}")
+    parser.add_argument("--engine", choices=ENGINES, default="vtc", help="what is counted")
     args = parser.parse_args()
     if args.run:
-        run(args.warmup, args.steps, args.out, args.only)
+        run(args.warmup, args.steps, args.out, args.only, args.engine)
     else:
-        step(args.warmup, args.steps, args.only)
+        step(args.warmup, args.steps, args.only, args.engine)
 
 
 if __name__ == "__main__":
