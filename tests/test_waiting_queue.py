@@ -929,3 +929,51 @@ def test_the_finishes_are_the_tables_when_its_methods_are_replaced() -> None:
     q.release_finished(["a", "b", "c"])
     assert calls == [["a", "b", "c"]]
     assert q._pending is None and r.get("a") is None and r.get("b") is not None
+
+
+class Asked(Done):
+    """An engine request with a ``status``, counting the calls of ``is_finished()``."""
+
+    def __init__(self, key: str, status: object, finished: bool) -> None:
+        super().__init__(key, finished)
+        self.request_id, self.status, self.num_computed_tokens = key, status, 0
+        self.asked = 0
+
+    def is_finished(self) -> bool:
+        self.asked += 1
+        return self.finished
+
+
+@pytest.mark.parametrize("observed", [False, True])
+def test_a_finished_status_releases_without_asking_the_request(observed: bool) -> None:
+    """Made with ``finished`` (the engine's statuses of a finished request): a request
+    whose ``status`` is one of them (the same object) is released with no call of its
+    ``is_finished()``; any other status (an equal object too) asks it, and its answer
+    decides, as without the statuses."""
+    stopped, capped = object(), object()
+    seen = Tokens()
+    ad = Adapter(vtc.Scheduler(M=1000), EngineConfig(), observers=[seen] if observed else [])
+    r = ad.requests
+    q = WaitingQueue(r, RUN, LOAD, finished=[stopped, capped])
+    made = {
+        "stopped": Asked("stopped", stopped, False),  # (its answer would keep it)
+        "capped": Asked("capped", capped, False),
+        "asked-yes": Asked("asked-yes", RUN, True),
+        "asked-no": Asked("asked-no", RUN, False),
+        "equal": Asked("equal", "FINISHED", False),
+    }
+    for key, request in made.items():
+        r.admit(r.submit(key, request, "x", 10), 0)
+    q.release_finished(list(made))
+    assert sorted(t.key for t in r) == ["asked-no", "equal"]
+    assert {k: m.asked for k, m in made.items()} == {
+        "stopped": 0, "capped": 0, "asked-yes": 1, "asked-no": 1, "equal": 1,
+    }  # fmt: skip
+    # without the statuses every request is asked
+    plain = Native(r)
+    again = Asked("again", stopped, False)
+    r.admit(r.submit("again", again, "x", 10), 0)
+    plain.release_finished(["again"])
+    assert again.asked == 1 and r.get("again") is not None
+    with pytest.raises(TypeError):
+        WaitingQueue(r, RUN, LOAD, finished=5)  # (not iterable: refused when made)

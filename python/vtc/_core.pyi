@@ -310,6 +310,7 @@ class WaitingQueue:
         running: Any = None,
         loading: Any = None,
         tenant_of: Callable[[Any], str] | None = None,
+        finished: Iterable[Any] | None = None,
     ) -> Self: ...
     def add_request(self, request: Any) -> None:
         """A request arrives, or a paused one returns (its ``request_id`` is tracked:
@@ -353,7 +354,8 @@ class WaitingQueue:
         """The engine scheduled a step (``output``): the pending pop settled by its
         ``num_scheduled_tokens``, and the step kept for ``record_step`` if
         ``running`` (the engine's running requests) equals the core's
-        ``num_running``, with ``requests.changes`` now (else nothing is kept)."""
+        ``num_running``, with the core's ``state_version`` now (else nothing is
+        kept)."""
     def record_step(
         self,
         scheduler_output: Any,
@@ -363,7 +365,7 @@ class WaitingQueue:
     ) -> None:
         """``record_outputs(outputs.values(), finished, running, tokens)`` of an
         updated step: ``running`` when ``scheduler_output`` is the step
-        ``scheduled`` kept (used once) and ``requests.changes`` is as it was then;
+        ``scheduled`` kept (used once) and the core's ``state_version`` is as it was then;
         ``tokens``, for a running step, ``model_runner_output.sampled_token_ids``
         if it is a non-empty list whose first item is a list (else None)."""
     def record_outputs(
@@ -376,13 +378,15 @@ class WaitingQueue:
         """One step's output groups (each with an ``outputs`` list): charged as
         ``requests.charge_outputs(outs, running=running, tokens=tokens)`` charges
         them (natively when ``running``, ``tokens`` a list of one list per output,
-        all of one length, and no observer: ``decode_uniform``, one more in
-        ``requests.changes`` and ``requests.uniform_steps``); then, if any finished,
+        all of one length, and no observer: ``decode_uniform``, one more in the
+        core's ``uniform_decodes``); then, if any finished,
         ``self.release_finished(finished)`` (by name: a subclass's if it has one):
         ``finished``, else the ids of the outputs whose ``finish_reason`` is not None."""
     def release_finished(self, finished: Iterable[Any]) -> None:
         """A step's finished requests forgotten (``finished``: their keys): each
-        tracked key's once, if its request's ``is_finished()`` says so, as
+        tracked key's once, if its request's ``is_finished()`` says so (a request
+        whose ``status`` is one of the ``finished`` statuses the queue was made with,
+        the same object, is finished without the call), as
         ``requests.release_finished(finished, done)`` releases them (natively when no
         observer listens and ``requests``' methods were the table's own when the
         queue was made; else ``requests._drop(records, True)``, or, without the

@@ -89,6 +89,10 @@ def cached_prompt_tokens(kv_cache_manager: Any, request: Request) -> int:
 # (module constants: an enum member read off its class costs ~45 ns, on a hot path)
 _RUNNING = RequestStatus.RUNNING
 _WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
+#: the statuses of a finished request (``Request.is_finished()`` is
+#: ``RequestStatus.is_finished(status)``): the native ``release_finished`` reads a
+#: request's status instead of calling it (~0.25 µs a finish)
+_FINISHED = tuple(s for s in RequestStatus if RequestStatus.is_finished(s))
 
 
 class VTCRequestQueue(WaitingQueue, RequestQueue):
@@ -137,7 +141,12 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         # the native half holds the table, and settles pops by vLLM's statuses: admitted
         # if running, or loading KV (it holds blocks), or with tokens computed
         self = super().__new__(
-            cls, requests, _RUNNING, _WAITING_FOR_REMOTE_KVS, tenant_of=tenant_of
+            cls,
+            requests,
+            _RUNNING,
+            _WAITING_FOR_REMOTE_KVS,
+            tenant_of=tenant_of,
+            finished=_FINISHED,
         )
         self.core = core
         self._tenant_of = tenant_of

@@ -134,6 +134,10 @@ pub(crate) struct PyWaitingQueue {
     /// The engine's status of a running request, and of one loading its KV
     /// (vLLM's `RUNNING`, `WAITING_FOR_REMOTE_KVS`): the native `settle`'s.
     statuses: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// The engine's statuses of a finished request (vLLM's `FINISHED_*`): a
+    /// request whose `status` is one of them is finished with no call of its
+    /// `is_finished()` (`release_finished`).
+    finished: Vec<Py<PyAny>>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
     /// The last `scheduled` step's output and the core's `state_version` then,
@@ -143,6 +147,21 @@ pub(crate) struct PyWaitingQueue {
 }
 
 impl PyWaitingQueue {
+    /// Whether the engine's `request` is finished: its `status` one of the
+    /// `finished` statuses (the same object), else its `is_finished()`.
+    fn is_finished(&self, request: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let py = request.py();
+        if !self.finished.is_empty() {
+            let status = request.getattr(intern!(py, "status"))?;
+            if self.finished.iter().any(|f| f.is(&status)) {
+                return Ok(true);
+            }
+        }
+        request
+            .call_method0(intern!(py, "is_finished"))?
+            .is_truthy()
+    }
+
     /// `self.settle()` if a pop is pending (the subclass decides it).
     fn settle_pending(slf: &Bound<'_, Self>) -> PyResult<()> {
         if slf.get().pending.lock().is_some() {
@@ -347,12 +366,13 @@ impl PyWaitingQueue {
 #[pymethods]
 impl PyWaitingQueue {
     #[new]
-    #[pyo3(signature = (requests, running = None, loading = None, tenant_of = None))]
+    #[pyo3(signature = (requests, running = None, loading = None, tenant_of = None, finished = None))]
     fn new(
         requests: &Bound<'_, PyAny>,
         running: Option<Py<PyAny>>,
         loading: Option<Py<PyAny>>,
         tenant_of: Option<Py<PyAny>>,
+        finished: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let py = requests.py();
         let core = requests.getattr(intern!(py, "core"))?;
@@ -364,6 +384,13 @@ impl PyWaitingQueue {
             .cast_into_exact::<PyDict>()
             .map_err(|e| wrong_type("requests._by_rid", "a dict", e.into_inner()))?;
         let table = Table::of(requests)?;
+        let finished = match finished {
+            Some(f) => f
+                .try_iter()?
+                .map(|s| s.map(Bound::unbind))
+                .collect::<PyResult<_>>()?,
+            None => Vec::new(),
+        };
         Ok(PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
@@ -371,6 +398,7 @@ impl PyWaitingQueue {
             table,
             tenant_of,
             statuses: running.zip(loading),
+            finished,
             pending: Mutex::new(None),
             step: Mutex::new(None),
         })
@@ -537,7 +565,7 @@ impl PyWaitingQueue {
 
     /// A step's finished requests forgotten (`finished`: their keys): each tracked
     /// key's once, if its engine request's `is_finished()` says so (a resumable
-    /// request that only stopped a turn stays), as `Requests.release_finished(
+    /// request that only stopped a turn stays; `is_finished`), as `Requests.release_finished(
     /// finished, done)` releases them (natively when no observer listens: else
     /// `requests._drop(records, True)`, which tells them); the pending pop is
     /// dropped if it is one of them. Without the table (`requests`' methods
@@ -575,11 +603,7 @@ impl PyWaitingQueue {
             if !distinct && !seen.insert(t.get().rid) {
                 continue;
             }
-            let request = t.get().request.bind(py);
-            if request
-                .call_method0(intern!(py, "is_finished"))?
-                .is_truthy()?
-            {
+            if this.is_finished(t.get().request.bind(py))? {
                 tracked.push(t);
             }
         }
@@ -703,6 +727,9 @@ impl PyWaitingQueue {
             visit.call(&table.aside)?;
         }
         visit.call(&self.tenant_of)?;
+        for status in &self.finished {
+            visit.call(status)?;
+        }
         if let Some(pending) = self.pending.try_lock() {
             visit.call(pending.as_ref())?;
         }
