@@ -964,8 +964,8 @@ def format_counters(
 class SchedulingPass:
     """:meth:`Adapter.selecting`'s context manager: :attr:`Adapter.selection_lock`
     held throughout; the shared counters' pass edge (if any) at both ends;
-    :class:`Requests` in a pass (the order changes only by its calls: the head is
-    kept); the prefix lookup (if any) frozen. Each undone on the way out, in
+    :class:`Requests` in a pass (its head kept while the core's ``state_version``
+    stands); the prefix lookup (if any) frozen. Each undone on the way out, in
     reverse, whatever raised. A class, not a ``contextlib`` generator: an engine
     enters one every step, and the generator's machinery was ~4.5 µs of vLLM's
     step (bench/README.md, optimisation 25); for the same reason the way out is
