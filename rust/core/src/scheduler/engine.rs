@@ -284,8 +284,9 @@ impl Scheduler {
 
     /// Charge a validated decode: `slots[i]` generated `tokens.at(i)`.
     pub(super) fn apply_decode(&mut self, slots: &[u32], tokens: Tokens<'_>) {
-        self.changes.bump(); // (tokens inside a prediction touch no client)
-                             // one copy of the loop per kind of `tokens` (see `validate_decode`)
+        // (tokens inside a prediction touch no client: the version counts them here)
+        self.changes.bump();
+        // one copy of the loop per kind of `tokens` (see `validate_decode`)
         let total = match tokens {
             Tokens::Each(t) => self.apply_slots(slots, |_| t as u64),
             Tokens::PerRequest(ts) => self.apply_slots(slots, |i| ts[i] as u64),

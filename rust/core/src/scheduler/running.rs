@@ -100,8 +100,8 @@ impl Scheduler {
         if t == 0 || self.running.is_empty() {
             return Ok(());
         }
+        // (the version moves by `apply_decode`, or by the charge's touches below)
         self.uniform_decodes += 1;
-        self.changes.bump();
         if self.n_predicting > 0 {
             let slots = std::mem::take(&mut self.running);
             self.apply_decode(&slots, Tokens::Each(tokens));
