@@ -273,10 +273,25 @@ class _VTCMixin:
         return self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache") is not None
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's step (one locality pass: each waiting request's prefix hit is
-        asked once), then settle the step's last provisional pop."""
-        with self._vtc_pass:
+        """vLLM's step, in the adapter's scheduling pass when it guards anything,
+        then settle the step's last provisional pop.
+
+        In vLLM a pass guards two things: shared counters (their background sync
+        is kept off the queue from a peek to its pop; the raises it pulled are
+        applied at the pass's edges) and the prefix lookup (frozen: each waiting
+        request's hit is asked once a pass). The queue's answers are the core's
+        own, with or without a pass (the table's kept head, a pass's other effect,
+        serves SGLang's shell). So with neither the pass is skipped: its lock, its
+        ``with`` and frames and its writes to the table were ~10 µs of VTC's
+        ~65 µs a step (bench/README.md, 46). Asked every step: sharing started or
+        stopped, or a lookup set, after the scheduler was built is obeyed at the
+        next ``schedule()``."""
+        adapter = self.vtc_adapter
+        if adapter.sharing is None and adapter.prefix_lookup is None:
             output = super().schedule(*args, **kwargs)
+        else:
+            with self._vtc_pass:
+                output = super().schedule(*args, **kwargs)
         # (native: the last pop settled by the step's schedule; the step kept, with
         # the table's change count, while vLLM's running list and the core's running
         # set have as many requests: see update_from_output)

@@ -76,8 +76,10 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     def checked_pop(self: VTCRequestQueue) -> Any:
         request = queue_pop(self)
-        if self.requests._in_pass:
-            rid = self.core.peek()  # (within a pass: the lookup's answers are frozen)
+        # (within a pass the lookup's answers are frozen; without a window the core
+        # never asks one: vLLM's schedule() enters no pass then, see VTCScheduler)
+        if self.requests._in_pass or self.core.locality_quantum == 0.0:
+            rid = self.core.peek()
             assert self._pending is not None and self._pending.rid == rid, "stale pop"
             checked["pop"] += 1
         return request

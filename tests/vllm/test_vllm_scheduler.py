@@ -451,6 +451,62 @@ def test_a_pop_takes_the_head_its_peek_named_unless_the_queue_changed_between() 
     assert core.status(q.core_id(a2.request_id)) == "waiting"
 
 
+def test_schedule_holds_a_pass_while_shared_counters_or_a_lookup_need_one(
+    model_dir: str, monkeypatch
+) -> None:
+    """``schedule()`` runs vLLM's step inside the adapter's scheduling pass (its
+    selection lock held from the first question to the last) while shared counters
+    or a prefix lookup need one, with the shared counters' pass edges at both ends,
+    and without it otherwise; asked every step, so sharing started or stopped, or a
+    lookup set or removed, after the scheduler was built is obeyed at once."""
+    monkeypatch.setenv("VTC_LOCALITY_QUANTUM", "64")  # (a lookup can be installed)
+    s = make_scheduler(VTCScheduler, vllm_config(model_dir, max_num_seqs=2))
+    adapter, lock = s.vtc_adapter, s.vtc_adapter.selection_lock
+    adapter.set_prefix_lookup(None)
+    assert adapter.sharing is None and adapter.prefix_lookup is None
+    held: list[bool] = []
+    frozen: list[bool] = []
+
+    class Probe(VTCRequestQueue):  # (the queue's class swapped: same layout)
+        def __bool__(self) -> bool:
+            held.append(lock._is_owned())
+            lookup = adapter.prefix_lookup
+            frozen.append(lookup is not None and lookup._memo is not None)
+            return super().__bool__()
+
+    s.waiting.__class__ = Probe
+    edges: list[bool] = []
+
+    class Edges:  # stands in for SharedCounterSync's pass edges
+        def pass_edge(self) -> None:
+            edges.append(lock._is_owned())
+
+    def held_in_a_step() -> bool:
+        held.clear()
+        s.add_request(make_request("a", 16, 4))
+        step(s)
+        assert held and len(set(held)) == 1, held  # (asked at least once, one answer)
+        assert not lock._is_owned()
+        return held[0]
+
+    assert not held_in_a_step()
+    adapter.sharing = Edges()
+    assert held_in_a_step()
+    assert edges == [True, True]  # at both edges, the lock held
+    adapter.sharing = None
+    assert not held_in_a_step() and len(edges) == 2
+    lookup = adapter.set_prefix_lookup(lambda request: 0, source="a test")
+    assert lookup is not None
+    frozen.clear()
+    assert held_in_a_step()
+    assert frozen and all(frozen) and lookup._memo is None  # (frozen in, thawed out)
+    adapter.set_prefix_lookup(None)
+    assert not held_in_a_step()
+    run_until_idle(s)
+    assert s.tenant_services()["a"] > 0
+    assert_empty(s)
+
+
 def test_provisional_pop_is_settled_by_what_vllm_did(model_dir: str) -> None:
     core = vtc.Scheduler(M=1000)
     q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"])
