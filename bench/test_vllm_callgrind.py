@@ -55,12 +55,12 @@ def test_callgrind_probe_counts_only_vtc_and_changes_nothing(config: Any) -> Non
 
 
 @pytest.mark.parametrize(
-    "only", ["add_request", "__bool__", "record_outputs", vllm_callgrind.SCHEDULER]
+    "only", ["add_request", "__bool__", "record_step", vllm_callgrind.SCHEDULER]
 )
 def test_callgrind_probe_counts_one_entry_point_alone(config: Any, only: str) -> None:
     """``--only``: collection is switched on by that entry point's calls alone
     (recorded: the method whose wrapper calls the toggle), in pairs, off between
-    steps; ``record_outputs``, which the mixin calls, is counted there too; the
+    steps; ``record_step``, which the mixin calls, is counted there too; the
     decisions are a plain VTC engine's."""
     callers: list[str] = []
 
@@ -85,7 +85,7 @@ def test_callgrind_probe_counts_one_entry_point_alone(config: Any, only: str) ->
 
         # (its own method, or its native base's: WaitingQueue.__bool__)
         expected = {getattr(VTCRequestQueue, only).__qualname__}
-        if only == "record_outputs":  # (once a step, from the mixin)
+        if only == "record_step":  # (once a step, from the mixin)
             assert len(callers) == 20 * 2
     assert callers and set(callers) == expected, set(callers)
     assert counted.admissions == plain.admissions

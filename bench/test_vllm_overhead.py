@@ -254,10 +254,16 @@ def _timed(cls: type, name: str) -> Any:
     return timed
 
 
-#: the VTC queue's entry points vLLM or the mixin calls (also ``vllm_callgrind.py``'s)
+#: the VTC queue's entry points vLLM or the mixin calls (also ``vllm_callgrind.py``'s).
+#: Not the methods the native queue calls by name within them (``settle``,
+#: ``record_outputs``, ``release_finished``, so that a subclass may wrap them): a
+#: clock there is a Python frame in every call that no engine runs, and which the
+#: floor's queue, with no such calls, never pays. Their time is their callers'
+#: (``record_step`` holds the step's charge; a pop is settled in the next question;
+#: the mixin's rare direct ``settle`` is its own code's).
 TIMED_ENTRY_POINTS = (
     "add_request", "peek_request", "pop_request", "prepend_request", "prepend_requests",
-    "remove_request", "remove_requests", "settle", "record_outputs", "forget", "charge",
+    "remove_request", "remove_requests", "record_step", "forget", "charge",
     "__bool__", "__len__", "__iter__", "__contains__",
 )  # fmt: skip
 

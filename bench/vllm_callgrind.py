@@ -25,10 +25,10 @@ are no-ops), a quick check that it runs.
 
 ``--only NAME`` counts one entry point alone, with what it calls (never vLLM's own
 methods): a queue method (``add_request``, ``__bool__``, ...) or ``(scheduler)``, the
-mixin's own code. The mixin calls into the queue itself (``record_outputs``,
-``settle``), so ``(scheduler)`` includes those calls, and ``--only record_outputs``
-counts them alone; the other entry points are called by vLLM, and their counts add up
-with ``(scheduler)``'s to the whole step's.
+mixin's own code. The mixin calls into the queue itself (``scheduled``,
+``record_step``), so ``(scheduler)`` includes those calls, and ``--only record_step``
+counts the step's charge and finishes alone; the other entry points are called by
+vLLM, and their counts add up with ``(scheduler)``'s to the whole step's.
 
 ``--engine`` picks what is counted, on the same workload:
 
@@ -185,7 +185,7 @@ def build_engine(
 
         class CountedQueue(queue_cls):  # type: ignore[valid-type,misc]
             """The queue's entry points counted (those it has: the floor's queue has
-            no ``settle``, ``record_outputs``, ...)."""
+            no ``record_step``, ...)."""
 
         for name in B.TIMED_ENTRY_POINTS:
             if hasattr(queue_cls, name):
