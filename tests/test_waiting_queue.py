@@ -690,6 +690,61 @@ def test_a_step_not_kept_or_changed_is_read_by_id(why) -> None:
     assert sum(d for _, d in r.core.tokens().values()) == 6
 
 
+def test_the_inner_calls_run_the_classs_method_when_a_subclass_defines_one(monkeypatch) -> None:
+    """The native queue's inner calls (a pending pop's ``settle`` before an answer, and
+    ``scheduled``'s; ``record_step``'s ``record_outputs``; its ``release_finished``) run
+    the queue's own method unless its class defines one: that is then called by name,
+    found at each call (a wrap added to the class later is called). Whether to is
+    asked of the class only: an instance attribute alone is not called, as for a
+    special method."""
+
+    class Plain(Native):
+        pass
+
+    (r, _), _ = twin_tables(False)
+    running = [t for t, s in zip(list(r), r.statuses(list(r))) if s == RUNNING]
+    q = Plain(r)
+    calls: list[tuple[str, tuple]] = []
+
+    def step(finished: str) -> None:
+        outs = [Out(t.key, 1, finished=t.key == finished) for t in running]
+        sched = StepOut({o.request_id: 1 for o in outs})
+        q.scheduled(sched, len(running))
+        groups = {0: Group(outs)}
+        q.record_step(sched, Runner([o.new_token_ids for o in outs]), groups, {finished})
+        running[:] = [t for t in running if t.key != finished]
+
+    for t in r:
+        t.request.status, t.request.num_computed_tokens = "WAITING", 0
+    q.release_finished = lambda finished: calls.append(("instance", (finished,)))
+    step("k0")  # the native methods: nothing to see, the finish released
+    assert r.get("k0") is None and r.uniform_steps == 1 and not calls
+    del q.release_finished
+    for name in ("settle", "record_outputs", "release_finished"):
+        own = getattr(WaitingQueue, name)
+
+        def wrap(self, *args, own=own, name=name):
+            calls.append((name, args))
+            return own(self, *args)
+
+        monkeypatch.setattr(Plain, name, wrap)
+    step("k1")
+    (record,) = [args for name, args in calls if name == "record_outputs"]
+    assert record[1:] == ({"k1"}, True, record[3]) and record[3] is not None
+    assert [args for name, args in calls if name == "release_finished"] == [({"k1"},)]
+    assert r.get("k1") is None and r.uniform_steps == 2
+    t = r.head()
+    t.request.status, t.request.num_computed_tokens = RUN, 0  # (vLLM admits it)
+    calls.clear()
+    assert q.pop_request() is t.request
+    assert bool(q) and calls == [("settle", ())]  # settled first, by the class's
+    assert q.pop_request() is r.head().request
+    sched = StepOut({})
+    q.scheduled(sched, 0)
+    assert calls == [("settle", ()), ("settle", (sched.num_scheduled_tokens,))]
+    assert r.num_aside == 1  # (the second pop, still WAITING, set aside)
+
+
 def test_scheduled_settles_the_pending_pop_by_the_steps_schedule() -> None:
     requests = Requests(vtc.Scheduler(M=1000))
     t = requests.submit("a", EngineReq("a", RUN, 12), "x", 20)

@@ -302,7 +302,12 @@ class WaitingQueue:
     id -> record, a dict, held, not copied) gives each record's ``request`` (the
     engine's). Every method but ``settle`` and ``record_outputs`` first calls
     ``self.settle()`` while a pop is pending (a subclass may decide its pops
-    itself)."""
+    itself).
+
+    Its methods' calls of ``settle``, ``record_outputs`` and ``release_finished``
+    run this class's own unless the queue's class defines one (looked up on the
+    class at each call, as for a special method): that is then called by name, so a
+    subclass may replace or wrap each."""
 
     def __new__(
         cls,
@@ -380,7 +385,7 @@ class WaitingQueue:
         them (natively when ``running``, ``tokens`` a list of one list per output,
         all of one length, and no observer: ``decode_uniform``, one more in the
         core's ``uniform_decodes``); then, if any finished,
-        ``self.release_finished(finished)`` (by name: a subclass's if it has one):
+        ``self.release_finished(finished)`` (a subclass's if it defines one):
         ``finished``, else the ids of the outputs whose ``finish_reason`` is not None."""
     def release_finished(self, finished: Iterable[Any]) -> None:
         """A step's finished requests forgotten (``finished``: their keys): each

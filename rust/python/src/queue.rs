@@ -162,10 +162,44 @@ impl PyWaitingQueue {
             .is_truthy()
     }
 
+    /*
+     * runs_own: whether `slf`'s class runs this queue's own `name`.
+     *
+     * The native methods call `settle`, `record_outputs` and `release_finished`
+     * as the class has them, so that a subclass may replace or wrap each (a
+     * shell that decides its pops, a clock): by name when a class on the way
+     * defines one, directly otherwise. A call by name was a bound method, an
+     * argument tuple and PyO3's argument parsing, each step (bench/README.md,
+     * 46). Looked up on the class, as Python looks up a special method: an
+     * instance attribute of that name is not called.
+     */
+    fn runs_own(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<bool> {
+        let own = slf.py().get_type::<Self>();
+        let class = slf.get_type();
+        Ok(class.is(&own) || class.getattr(name)?.is(&own.getattr(name)?))
+    }
+
+    /// `self.settle(num_scheduled_tokens)`: this queue's own, or its class's (`runs_own`).
+    fn settle_as_class(
+        slf: &Bound<'_, Self>,
+        num_scheduled_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> Result<()> {
+        let py = slf.py();
+        let name = intern!(py, "settle");
+        if Self::runs_own(slf, name)? {
+            return slf.get().settle(py, num_scheduled_tokens);
+        }
+        match num_scheduled_tokens {
+            None => slf.call_method0(name)?,
+            Some(tokens) => slf.call_method1(name, (tokens,))?,
+        };
+        Ok(())
+    }
+
     /// `self.settle()` if a pop is pending (the subclass decides it).
-    fn settle_pending(slf: &Bound<'_, Self>) -> PyResult<()> {
+    fn settle_pending(slf: &Bound<'_, Self>) -> Result<()> {
         if slf.get().pending.lock().is_some() {
-            slf.call_method0(intern!(slf.py(), "settle"))?;
+            Self::settle_as_class(slf, None)?;
         }
         Ok(())
     }
@@ -412,9 +446,9 @@ impl PyWaitingQueue {
         let py = slf.py();
         let this = slf.get();
         if this.pending.lock().is_some() {
-            // (by its name, as every call here: a subclass may wrap it)
+            // (as the class has it, as every such call here: a subclass may wrap it)
             let tokens = output.getattr(intern!(py, "num_scheduled_tokens"))?;
-            slf.call_method1(intern!(py, "settle"), (tokens,))?;
+            Self::settle_as_class(slf, Some(&tokens))?;
         }
         let g = this.core.get().lock(py)?;
         let kept = (running == g.core.num_running())
@@ -462,8 +496,11 @@ impl PyWaitingQueue {
             }
         }
         let groups = outputs.call_method0(intern!(py, "values"))?;
-        let args = (groups, finished, running, tokens);
-        slf.call_method1(intern!(py, "record_outputs"), args)?;
+        let name = intern!(py, "record_outputs");
+        if Self::runs_own(slf, name)? {
+            return Self::record_outputs(slf, &groups, finished, running, tokens.as_ref());
+        }
+        slf.call_method1(name, (groups, finished, running, tokens))?;
         Ok(())
     }
 
@@ -711,7 +748,12 @@ impl PyWaitingQueue {
             }
         };
         if finished.is_truthy()? {
-            slf.call_method1(intern!(py, "release_finished"), (finished,))?;
+            let name = intern!(py, "release_finished");
+            if Self::runs_own(slf, name)? {
+                Self::release_finished(slf, &finished)?;
+            } else {
+                slf.call_method1(name, (finished,))?;
+            }
         }
         Ok(())
     }
