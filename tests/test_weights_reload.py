@@ -189,3 +189,36 @@ def test_the_weight_series_follows_a_reload(tmp_path):
 )
 def test_describe_weight_changes(old, new, said):
     assert said in describe_weight_changes(old, new)
+
+
+def test_step_done_rereads_the_file_and_logs_each_on_its_own_interval(
+    tmp_path, monkeypatch, caplog
+):
+    """``step_done``'s periodic work has one deadline for both of its parts: the file
+    is still checked every ``weights_reload`` seconds and the log line written every
+    ``log_interval`` seconds, each on time and neither before (a clock moved by
+    hand; the file is replaced before every step, so each check reads it)."""
+    now = [1000.0]
+    monkeypatch.setattr(vtc.adapter.time, "monotonic", lambda: now[0])
+    adapter, path = make(tmp_path, {"gold": 2}, VTC_WEIGHTS_RELOAD="5", VTC_LOG_INTERVAL="7")
+    adapter.arrive("r1", None, ["gold"], 10)
+    events = []
+    for weight, t in enumerate(
+        (1001, 1004.9, 1005, 1006.9, 1007, 1009.9, 1010, 1013.9, 1014, 1015)
+    ):
+        now[0] = t
+        write(path, {"gold": weight + 3})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vtc"):
+            adapter.step_done()
+        if adapter.core.weight("gold") == weight + 3:
+            events.append(("read", t))
+        if any("tenant counter" in r.getMessage() for r in caplog.records):
+            events.append(("log", t))
+    assert events == [
+        ("read", 1005),
+        ("log", 1007),
+        ("read", 1010),
+        ("log", 1014),
+        ("read", 1015),
+    ]
