@@ -145,6 +145,22 @@ def test_within_a_pass_each_request_is_asked_once_and_peek_and_pop_agree() -> No
     assert ad.core.status(tb.rid) == "running"
 
 
+def test_a_pass_guards_the_order_only_with_an_installed_lookup_or_shared_counters() -> None:
+    """``pass_guards_order``: what lets vLLM's shell skip a pass. A lookup the core
+    never asks (quantum 0) or one removed guards nothing; an installed lookup, or
+    shared counters, does."""
+    ad, _ = adapter(0.0)
+    assert ad.prefix_lookup is None and not ad.pass_guards_order
+    ad, _ = adapter(50.0)
+    assert ad.pass_guards_order
+    ad.set_prefix_lookup(None)
+    assert not ad.pass_guards_order
+    ad.sharing = object()  # (a stand-in: only its presence is read)
+    assert ad.pass_guards_order
+    ad.sharing = None
+    assert not ad.pass_guards_order
+
+
 def test_a_bad_quantum_is_a_config_error() -> None:
     for q in (-1.0, float("nan"), float("inf"), True, "1"):
         with pytest.raises(ConfigError, match="locality_quantum="):

@@ -1112,6 +1112,18 @@ class Adapter:
         self.prefix_lookup, self._lookup_source = lookup, source
         return lookup
 
+    @property
+    def pass_guards_order(self) -> bool:
+        """Whether a scheduling pass (:meth:`selecting`) keeps the queue's answers
+        from changing under the engine: with shared counters (their background
+        sync held off from a peek to its pop) or a prefix lookup (frozen: one
+        answer per request a pass). Without either the core's answers are the same
+        with or without a pass, so an engine that asks the core directly (vLLM's
+        queue; not the table's kept head, which SGLang's shell reads, and which
+        only a pass keeps) may skip it: its lock, ``with`` and writes were ~10 µs
+        of vLLM's step (bench/README.md, 46)."""
+        return self.sharing is not None or self.prefix_lookup is not None
+
     def selecting(self) -> SchedulingPass:
         """An engine scheduling pass (its peeks and pops), as a context manager. Within
         it the order of the queue changes only by the engine's own calls: a shared
@@ -1308,7 +1320,8 @@ class Adapter:
 
         (Every step: one clock read against one deadline, the observers' list and
         the requests set aside; no frame for ``config``, ``maybe_log`` or
-        ``num_aside``. ~4 µs of vLLM's step before, bench/README.md 46.)"""
+        ``num_aside``. The whole call is at most ~4 µs of vLLM's step, and what the
+        deadline saved measured inside the noise: bench/README.md 46.)"""
         if time.monotonic() >= self._due:
             self._periodic()
         if self.observers:

@@ -230,7 +230,7 @@ class _VTCMixin:
         capacity = int(self.cache_config.num_gpu_blocks) * int(self.block_size)
         self.vtc = engine_core(config, capacity)  # with VTC_LOCALITY_QUANTUM's window
         self.vtc_adapter = Adapter(self.vtc, config, log=logger)
-        self._vtc_pass = self.vtc_adapter.selecting()  # entered by every schedule()
+        self._vtc_pass = self.vtc_adapter.selecting()  # entered by schedule() when needed
         self._install_prefix_lookup()
         self.vtc_tenancy = self.vtc_adapter.tenancy  # the tenant rule, weights, forgetting
         # vLLM's API server shows this process's series if both share the directory
@@ -273,25 +273,16 @@ class _VTCMixin:
         return self.vtc_adapter.set_prefix_lookup(cached, source="vLLM's prefix cache") is not None
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        """vLLM's step, in the adapter's scheduling pass when it guards anything,
-        then settle the step's last provisional pop.
-
-        In vLLM a pass guards two things: shared counters (their background sync
-        is kept off the queue from a peek to its pop; the raises it pulled are
-        applied at the pass's edges) and the prefix lookup (frozen: each waiting
-        request's hit is asked once a pass). The queue's answers are the core's
-        own, with or without a pass (the table's kept head, a pass's other effect,
-        serves SGLang's shell). So with neither the pass is skipped: its lock, its
-        ``with`` and frames and its writes to the table were ~10 µs of VTC's
-        ~65 µs a step (bench/README.md, 46). Asked every step: sharing started or
-        stopped, or a lookup set, after the scheduler was built is obeyed at the
-        next ``schedule()``."""
-        adapter = self.vtc_adapter
-        if adapter.sharing is None and adapter.prefix_lookup is None:
-            output = super().schedule(*args, **kwargs)
-        else:
+        """vLLM's step, in the adapter's scheduling pass when it guards the order
+        (:attr:`Adapter.pass_guards_order`: this queue asks the core itself, so
+        nothing else needs one), then settle the step's last provisional pop.
+        Asked every step: sharing started or stopped, or a lookup set, after the
+        scheduler was built is obeyed at the next ``schedule()``."""
+        if self.vtc_adapter.pass_guards_order:
             with self._vtc_pass:
                 output = super().schedule(*args, **kwargs)
+        else:
+            output = super().schedule(*args, **kwargs)
         # (native: the last pop settled by the step's schedule; the step kept, with
         # the table's change count, while vLLM's running list and the core's running
         # set have as many requests: see update_from_output)

@@ -57,7 +57,7 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     queue's ``bool``, ``len`` and provisional pop (``vtc._core.WaitingQueue``).
     Every test here (preemption, priorities, skips, locality, shared counters)
     fails on a stale one. Yields how many such answers were checked."""
-    from vtc.adapter import Requests
+    from vtc.adapter import Adapter, Requests
     from vtc.vllm import VTCRequestQueue
 
     checked = {"head": 0, "num_waiting": 0, "pop": 0}
@@ -74,11 +74,22 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             checked["head"] += 1
         return t
 
+    # the prefix lookup each adapter installed, by its Requests' id (kept alive here)
+    lookups: dict[int, tuple[Requests, Any]] = {}
+    set_prefix_lookup = Adapter.set_prefix_lookup
+
+    def recorded_set_prefix_lookup(self: Adapter, *args: Any, **kwargs: Any) -> Any:
+        lookup = set_prefix_lookup(self, *args, **kwargs)
+        lookups[id(self.requests)] = (self.requests, lookup)
+        return lookup
+
     def checked_pop(self: VTCRequestQueue) -> Any:
         request = queue_pop(self)
-        # (within a pass the lookup's answers are frozen; without a window the core
-        # never asks one: vLLM's schedule() enters no pass then, see VTCScheduler)
-        if self.requests._in_pass or self.core.locality_quantum == 0.0:
+        # (the core's answers stand from the pop to this peek unless a lookup is
+        # installed and not frozen: a pass freezes it, and vLLM's schedule() enters
+        # one whenever a lookup is installed, see VTCScheduler.schedule)
+        lookup = lookups.get(id(self.requests), (None, None))[1]
+        if lookup is None or lookup._memo is not None:
             rid = self.core.peek()
             assert self._pending is not None and self._pending.rid == rid, "stale pop"
             checked["pop"] += 1
@@ -104,4 +115,5 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     monkeypatch.setattr(VTCRequestQueue, "__bool__", checked_bool)
     monkeypatch.setattr(VTCRequestQueue, "__len__", checked_len)
     monkeypatch.setattr(VTCRequestQueue, "pop_request", checked_pop)
+    monkeypatch.setattr(Adapter, "set_prefix_lookup", recorded_set_prefix_lookup)
     return checked

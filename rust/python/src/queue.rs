@@ -25,6 +25,7 @@ use pyo3::exceptions::{
 };
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
+use pyo3::sync::{Interned, PyOnceLock};
 use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString};
 use pyo3::{intern, PyTraverseError};
 
@@ -118,6 +119,26 @@ fn exact_i64(obj: &Bound<'_, PyAny>) -> Option<i64> {
 }
 
 /// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
+/// A method the native methods call as the queue's class has it (`runs_own`):
+/// its name, and the base class's own method object once looked up.
+struct Inner {
+    name: Interned,
+    descriptor: PyOnceLock<Py<PyAny>>,
+}
+
+impl Inner {
+    const fn new(name: &'static str) -> Self {
+        Inner {
+            name: Interned::new(name),
+            descriptor: PyOnceLock::new(),
+        }
+    }
+}
+
+static SETTLE: Inner = Inner::new("settle");
+static RECORD_OUTPUTS: Inner = Inner::new("record_outputs");
+static RELEASE_FINISHED: Inner = Inner::new("release_finished");
+
 #[pyclass(frozen, subclass, module = "vtc._core", name = "WaitingQueue")]
 pub(crate) struct PyWaitingQueue {
     /// `vtc.adapter.Requests`: its counters and its rare paths.
@@ -163,7 +184,7 @@ impl PyWaitingQueue {
     }
 
     /*
-     * runs_own: whether `slf`'s class runs this queue's own `name`.
+     * runs_own: whether `slf`'s class runs this queue's own `inner` method.
      *
      * The native methods call `settle`, `record_outputs` and `release_finished`
      * as the class has them, so that a subclass may replace or wrap each (a
@@ -171,12 +192,21 @@ impl PyWaitingQueue {
      * defines one, directly otherwise. A call by name was a bound method, an
      * argument tuple and PyO3's argument parsing, each step (bench/README.md,
      * 46). Looked up on the class, as Python looks up a special method: an
-     * instance attribute of that name is not called.
+     * instance attribute of that name is not called. The base's own method
+     * object is looked up once (`Inner`): a subclass's call costs one lookup.
      */
-    fn runs_own(slf: &Bound<'_, Self>, name: &Bound<'_, PyString>) -> PyResult<bool> {
-        let own = slf.py().get_type::<Self>();
+    fn runs_own(slf: &Bound<'_, Self>, inner: &Inner) -> PyResult<bool> {
+        let py = slf.py();
+        let own = py.get_type::<Self>();
         let class = slf.get_type();
-        Ok(class.is(&own) || class.getattr(name)?.is(&own.getattr(name)?))
+        if class.is(&own) {
+            return Ok(true);
+        }
+        let name = inner.name.get(py);
+        let descriptor = inner
+            .descriptor
+            .get_or_try_init(py, || own.getattr(name).map(Bound::unbind))?;
+        Ok(class.getattr(name)?.is(descriptor.bind(py)))
     }
 
     /// `self.settle(num_scheduled_tokens)`: this queue's own, or its class's (`runs_own`).
@@ -185,10 +215,10 @@ impl PyWaitingQueue {
         num_scheduled_tokens: Option<&Bound<'_, PyAny>>,
     ) -> Result<()> {
         let py = slf.py();
-        let name = intern!(py, "settle");
-        if Self::runs_own(slf, name)? {
+        if Self::runs_own(slf, &SETTLE)? {
             return slf.get().settle(py, num_scheduled_tokens);
         }
+        let name = SETTLE.name.get(py);
         match num_scheduled_tokens {
             None => slf.call_method0(name)?,
             Some(tokens) => slf.call_method1(name, (tokens,))?,
@@ -496,10 +526,10 @@ impl PyWaitingQueue {
             }
         }
         let groups = outputs.call_method0(intern!(py, "values"))?;
-        let name = intern!(py, "record_outputs");
-        if Self::runs_own(slf, name)? {
+        if Self::runs_own(slf, &RECORD_OUTPUTS)? {
             return Self::record_outputs(slf, &groups, finished, running, tokens.as_ref());
         }
+        let name = RECORD_OUTPUTS.name.get(py);
         slf.call_method1(name, (groups, finished, running, tokens))?;
         Ok(())
     }
@@ -748,11 +778,10 @@ impl PyWaitingQueue {
             }
         };
         if finished.is_truthy()? {
-            let name = intern!(py, "release_finished");
-            if Self::runs_own(slf, name)? {
+            if Self::runs_own(slf, &RELEASE_FINISHED)? {
                 Self::release_finished(slf, &finished)?;
             } else {
-                slf.call_method1(name, (finished,))?;
+                slf.call_method1(RELEASE_FINISHED.name.get(py), (finished,))?;
             }
         }
         Ok(())
