@@ -46,13 +46,9 @@ impl Scheduler {
      */
     pub(super) fn charge_touched(&mut self) {
         let cost = self.cost;
-        let touched = std::mem::take(&mut self.touched);
-        let rekey = self.policy != Policy::Fcfs;
-        let in_heaps = self.entities.len() - self.free_entities.len();
-        let bulk = rekey && touched.len() >= 32 && touched.len() >= in_heaps;
         // the fields the loop writes, borrowed apart (kept in registers)
         let (clients, changes, extra) = (&mut self.clients[..], &mut self.changes, &mut self.extra);
-        for &c in &touched {
+        for &c in &self.touched {
             let cl = &mut clients[c as usize];
             let t = std::mem::take(&mut cl.pending_tokens);
             cl.decode_tokens = cl.decode_tokens.saturating_add(t);
@@ -63,6 +59,17 @@ impl Scheduler {
             charge_client(cl, amount);
             changes.touch(c);
         }
+        self.rekey_touched();
+    }
+
+    /// The touched clients were charged: re-key them as `charge_touched`
+    /// says (their keys left stale, or all set and the heaps rebuilt), then
+    /// empty `touched`.
+    pub(super) fn rekey_touched(&mut self) {
+        let touched = std::mem::take(&mut self.touched);
+        let rekey = self.policy != Policy::Fcfs;
+        let in_heaps = self.entities.len() - self.free_entities.len();
+        let bulk = rekey && touched.len() >= 32 && touched.len() >= in_heaps;
         if bulk {
             for &c in &touched {
                 let mut e = self.clients[c as usize].entities;
@@ -139,7 +146,7 @@ impl Scheduler {
 /// less the refund credit it absorbs first, added to its counter and its
 /// delivered service.
 #[inline(always)]
-fn charge_client(cl: &mut Client, weighted_tokens: f64) {
+pub(super) fn charge_client(cl: &mut Client, weighted_tokens: f64) {
     let mut amount = weighted_tokens * cl.inv_w;
     if cl.credit > 0.0 {
         let used = cl.credit.min(amount);

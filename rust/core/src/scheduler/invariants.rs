@@ -179,7 +179,7 @@ impl Scheduler {
         }
         for (i, cl) in self.clients.iter().enumerate() {
             if !cl.live {
-                if cl.n_waiting + cl.n_running + cl.n_aside != 0 || cl.entities != NO_ENTITY {
+                if cl.n_waiting + cl.num_running() + cl.n_aside != 0 || cl.entities != NO_ENTITY {
                     return Err(format!("forgotten client {i} still has requests"));
                 }
                 continue;
@@ -196,7 +196,7 @@ impl Scheduler {
                     cl.n_waiting
                 ));
             }
-            if cl.n_running != running[i] {
+            if cl.num_running() != running[i] {
                 return Err(format!(
                     "client {i}: n_running {} != {}",
                     cl.n_running, running[i]
@@ -311,7 +311,7 @@ impl Scheduler {
         let mut listed = 0;
         for (i, cl) in self.clients.iter().enumerate() {
             let run = RunSums {
-                n: cl.n_running as u64,
+                n: u64::from(cl.n_running),
                 prompt: cl.run_prompt,
                 gen: cl.occupancy.wrapping_sub(cl.run_prompt),
             };

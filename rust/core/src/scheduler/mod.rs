@@ -401,9 +401,8 @@ impl Scheduler {
     /// per-request work.
     pub fn active_clients(&self) -> impl Iterator<Item = (ClientId, (usize, usize))> + '_ {
         self.clients.iter().enumerate().filter_map(|(i, cl)| {
-            let waiting = cl.n_waiting + cl.n_aside;
-            (cl.live && waiting + cl.n_running > 0)
-                .then_some((ClientId(i as u32), (waiting, cl.n_running)))
+            let (waiting, running) = (cl.n_waiting + cl.n_aside, cl.num_running());
+            (cl.live && waiting + running > 0).then_some((ClientId(i as u32), (waiting, running)))
         })
     }
 

@@ -11,9 +11,10 @@
 //! `n_predicting` counts the running requests with generated < predicted;
 //! `gen_hi` is at least every running request's generated count.
 
+use super::charge::charge_client;
 use super::request::Slot;
 use super::{Scheduler, Tokens};
-use crate::cost::RunSums;
+use crate::cost::{Cost, RunSums};
 use crate::error::{CoreError, Result};
 use crate::limits::{MAX_REQUEST_TOKENS, MAX_TOKENS_PER_CALL};
 
@@ -110,23 +111,18 @@ impl Scheduler {
         }
         self.uniform = self.uniform.wrapping_add(t);
         self.gen_hi += t;
-        let linear = self.cost.is_linear();
-        if !linear && self.extra.len() < self.clients.len() {
-            self.extra.resize(self.clients.len(), Default::default());
-        }
         debug_assert!(self.touched.is_empty());
-        for &c in &self.running_clients {
-            let cl = &mut self.clients[c as usize];
-            debug_assert!(cl.n_running > 0 && cl.pending_tokens == 0);
-            let n = cl.n_running as u64;
-            if linear {
-                // a linear cost charges the token count alone: the wide sums
-                // of `grow_all` are not made (their occupancy is this one's)
-                cl.occupancy += u128::from(n) * u128::from(t);
-                cl.pending_tokens = n * t;
-            } else {
+        if let Cost::Linear { wq, .. } = self.cost {
+            self.charge_running_linear(wq, t);
+        } else {
+            if self.extra.len() < self.clients.len() {
+                self.extra.resize(self.clients.len(), Default::default());
+            }
+            for &c in &self.running_clients {
+                let cl = &mut self.clients[c as usize];
+                debug_assert!(cl.n_running > 0 && cl.pending_tokens == 0);
                 let mut run = RunSums {
-                    n,
+                    n: u64::from(cl.n_running),
                     prompt: cl.run_prompt,
                     gen: cl.occupancy - cl.run_prompt,
                 };
@@ -134,16 +130,44 @@ impl Scheduler {
                 cl.occupancy = cl.run_prompt + run.gen;
                 cl.pending_tokens = sums.t;
                 self.extra[c as usize] = sums;
+                self.touched.push(c);
             }
-            self.touched.push(c);
+            self.charge_touched();
         }
         if let Some(sh) = &mut self.shares {
             sh.add_uniform(t);
         }
         self.occupancy += self.running.len() as u128 * u128::from(t);
-        self.charge_touched();
         self.charge_bands();
         Ok(())
+    }
+
+    /*
+     * charge_running_linear: `decode_all`'s charge under a linear cost, in
+     * one pass over the running clients.
+     *
+     * The charges of `charge_touched` for `n * t` pending tokens each, bit for
+     * bit (the same `wq * tokens` and `charge_client`, the same clients
+     * touched in the same order), but each client's record is visited once,
+     * while its line is in cache, and no scratch count is written: a step's
+     * cost here is the lines it touches (`Client`'s layout). The wide sums
+     * of `grow_all` are not made: a linear cost charges the token count
+     * alone, and the occupancy is that count too.
+     */
+    fn charge_running_linear(&mut self, wq: f64, t: u64) {
+        let (clients, changes, touched) =
+            (&mut self.clients[..], &mut self.changes, &mut self.touched);
+        for &c in &self.running_clients {
+            let cl = &mut clients[c as usize];
+            debug_assert!(cl.n_running > 0 && cl.pending_tokens == 0);
+            let tokens = u64::from(cl.n_running) * t;
+            cl.occupancy += u128::from(tokens);
+            cl.decode_tokens = cl.decode_tokens.saturating_add(tokens);
+            charge_client(cl, wq * tokens as f64);
+            changes.touch(c);
+            touched.push(c);
+        }
+        self.rekey_touched();
     }
 
     /// `gen_hi + t` is past the limit: make `gen_hi` exact, or fail with the
