@@ -80,6 +80,10 @@ impl Positions for [Entity] {
     fn pos(&self, id: u32) -> u32 {
         self[id as usize].heap_pos
     }
+    #[inline(always)]
+    fn owner(&self, id: u32) -> u32 {
+        self[id as usize].client
+    }
 }
 
 #[derive(Debug, Clone, Default)]

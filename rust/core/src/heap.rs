@@ -13,6 +13,13 @@ pub const NOT_IN_HEAP: u32 = u32::MAX;
 pub trait Positions {
     fn set_pos(&mut self, id: u32, pos: u32);
     fn pos(&self, id: u32) -> u32;
+    /// What `id`'s key is read from (`set_counters_unordered`): the id itself
+    /// unless the ids are grouped under owners (a band's entities, each of one
+    /// client). Fixed while `id` is in the heap.
+    #[inline(always)]
+    fn owner(&self, id: u32) -> u32 {
+        id
+    }
 }
 
 /// The ordering key. Counters are always finite (they are sums of finite,
@@ -34,6 +41,8 @@ impl Key {
 struct Entry {
     key: Key,
     id: u32,
+    /// `Positions::owner(id)`, kept beside the key (in what was padding).
+    owner: u32,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -97,7 +106,11 @@ impl IndexedHeap {
     pub fn push<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &mut P) {
         debug_assert_eq!(p.pos(id), NOT_IN_HEAP, "client {id} pushed twice");
         let pos = self.entries.len();
-        self.entries.push(Entry { key, id });
+        self.entries.push(Entry {
+            key,
+            id,
+            owner: p.owner(id),
+        });
         p.set_pos(id, pos as u32);
         self.sift_up(pos, p);
     }
@@ -130,16 +143,17 @@ impl IndexedHeap {
         }
     }
 
-    /// Overwrite the key of `id` without restoring order; call
-    /// [`rebuild`](Self::rebuild) before the next query.
+    /// Set every entry's counter to `counter(owner)` (its seq kept), without
+    /// restoring order; call [`rebuild`](Self::rebuild) before the next
+    /// query. Reads no id's record: the owner is in the entry.
     #[inline]
-    pub fn set_key_unordered<P: Positions + ?Sized>(&mut self, id: u32, key: Key, p: &P) {
-        let pos = p.pos(id) as usize;
-        debug_assert!(pos < self.entries.len() && self.entries[pos].id == id);
-        self.entries[pos].key = key;
+    pub fn set_counters_unordered(&mut self, counter: impl Fn(u32) -> f64) {
+        for e in &mut self.entries {
+            e.key.counter = counter(e.owner);
+        }
     }
 
-    /// Restore heap order after many `set_key_unordered` calls: O(n)
+    /// Restore heap order after `set_counters_unordered`: O(n)
     /// (Floyd), cheaper than one O(log n) sift per changed key once a
     /// sizeable share of the heap changed.
     pub fn rebuild<P: Positions + ?Sized>(&mut self, p: &mut P) {
@@ -301,19 +315,74 @@ mod tests {
         for id in 0..n {
             h.push(id, key(rng.next() % 100, id as u64), &mut pos);
         }
-        for id in (0..n).step_by(2) {
-            h.set_key_unordered(id, key(rng.next() % 100, 1000 + id as u64), &pos);
-        }
+        let counters: Vec<f64> = (0..n).map(|_| (rng.next() % 100) as f64).collect();
+        h.set_counters_unordered(|id| counters[id as usize]);
         h.rebuild(&mut pos);
         h.check(&pos).unwrap();
         let mut last = None;
         while let Some((id, k)) = h.top() {
+            assert_eq!(k.counter, counters[id as usize]);
             if let Some(l) = last {
                 assert!(!k.less(&l));
             }
             last = Some(k);
             h.remove(id, &mut pos);
         }
+    }
+
+    /// Ids grouped under owners (a band's entities under their clients).
+    struct Owned {
+        pos: Vec<u32>,
+        owner: Vec<u32>,
+    }
+
+    impl Positions for Owned {
+        fn set_pos(&mut self, id: u32, pos: u32) {
+            self.pos[id as usize] = pos;
+        }
+        fn pos(&self, id: u32) -> u32 {
+            self.pos[id as usize]
+        }
+        fn owner(&self, id: u32) -> u32 {
+            self.owner[id as usize]
+        }
+    }
+
+    #[test]
+    fn counters_set_by_owner_keep_each_seq_then_rebuild() {
+        let n = 400u32;
+        let mut p = Owned {
+            pos: vec![NOT_IN_HEAP; n as usize],
+            owner: (0..n).map(|id| (id * 7) % 37).collect(),
+        };
+        let mut h = IndexedHeap::new();
+        let mut rng = Lcg(5);
+        let seqs: Vec<u64> = (0..n).map(|_| rng.next() % 1000).collect();
+        for id in 0..n {
+            h.push(id, key(rng.next() % 100, seqs[id as usize]), &mut p);
+        }
+        // removals and re-pushes move entries; each keeps its owner
+        for id in (0..n).step_by(3) {
+            h.remove(id, &mut p);
+            h.push(id, key(rng.next() % 100, seqs[id as usize]), &mut p);
+        }
+        let by_owner: Vec<f64> = (0..37).map(|o| 1000.0 + ((o * 13) % 37) as f64).collect();
+        h.set_counters_unordered(|o| by_owner[o as usize]);
+        h.rebuild(&mut p);
+        h.check(&p).unwrap();
+        let mut last: Option<Key> = None;
+        let mut popped = 0;
+        while let Some((id, k)) = h.top() {
+            assert_eq!(k.counter, by_owner[p.owner[id as usize] as usize]);
+            assert_eq!(k.seq, seqs[id as usize]);
+            if let Some(l) = last {
+                assert!(!k.less(&l));
+            }
+            last = Some(k);
+            h.remove(id, &mut p);
+            popped += 1;
+        }
+        assert_eq!(popped, n);
     }
 
     #[test]

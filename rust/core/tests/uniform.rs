@@ -249,3 +249,73 @@ fn a_decode_of_no_ids_changes_nothing_whatever_its_count() {
         assert_eq!(s.generated(1).unwrap(), 3);
     }
 }
+
+/// With 32 or more running clients, each of them also waiting, a uniform
+/// decode sets every heap key at once and rebuilds the heap (the bulk path of
+/// `rekey_touched`, which reads each key's client from the heap entry): what
+/// the scheduler admits next is still the waiting client with the least
+/// counter (ties: the oldest waiting request), step after step, for every
+/// cost, with clients running different numbers of requests.
+#[test]
+fn after_a_bulk_rekey_the_least_counter_is_admitted_next() {
+    use std::collections::VecDeque;
+    const CLIENTS: usize = 40;
+    for cost in every_cost() {
+        let mut s = Scheduler::with_cost(1 << 30, cost, Policy::Vtc).unwrap();
+        let mut rng = Lcg(17);
+        let clients: Vec<ClientId> = (0..CLIENTS).map(|_| s.add_client()).collect();
+        let mut waiting: Vec<VecDeque<u64>> = vec![VecDeque::new(); CLIENTS];
+        let mut running: Vec<(u64, usize)> = Vec::new();
+        let mut next = 0u64;
+        for (i, &c) in clients.iter().enumerate() {
+            for _ in 0..(3 + i % 4) {
+                next += 1;
+                s.submit(next, c, 1 + rng.below(30) as i64).unwrap();
+                waiting[i].push_back(next);
+            }
+        }
+        let owner = |rid: u64, waiting: &[VecDeque<u64>]| {
+            waiting.iter().position(|q| q.front() == Some(&rid))
+        };
+        let mut admit = |s: &mut Scheduler,
+                         waiting: &mut Vec<VecDeque<u64>>,
+                         running: &mut Vec<(u64, usize)>,
+                         next: &mut u64| {
+            let rid = s.pop().expect("every client waits");
+            let i = owner(rid, waiting).expect("a client's oldest waiting request");
+            waiting[i].pop_front();
+            running.push((rid, i));
+            *next += 1; // (the client stays backlogged)
+            s.submit(*next, clients[i], 1 + rng.below(30) as i64)
+                .unwrap();
+            waiting[i].push_back(*next);
+        };
+        for _ in 0..2 * CLIENTS {
+            admit(&mut s, &mut waiting, &mut running, &mut next);
+        }
+        let busy = (0..CLIENTS)
+            .filter(|&i| running.iter().any(|&(_, j)| j == i))
+            .count();
+        assert_eq!(busy, CLIENTS, "{cost:?}: every client runs (the bulk path)");
+        for step in 0..150 {
+            s.decode_all(1 + (step % 3) as i64).unwrap();
+            let least = (0..CLIENTS)
+                .filter(|&i| !waiting[i].is_empty())
+                .min_by(|&a, &b| {
+                    let (ca, cb) = (
+                        s.counter(clients[a]).unwrap(),
+                        s.counter(clients[b]).unwrap(),
+                    );
+                    ca.total_cmp(&cb).then(waiting[a][0].cmp(&waiting[b][0]))
+                })
+                .unwrap();
+            assert_eq!(s.peek(), Some(waiting[least][0]), "{cost:?}, step {step}");
+            s.check_invariants().unwrap();
+            admit(&mut s, &mut waiting, &mut running, &mut next);
+            if step % 2 == 0 {
+                let (rid, _) = running.swap_remove(0);
+                s.finish(rid).unwrap();
+            }
+        }
+    }
+}

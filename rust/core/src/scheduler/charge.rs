@@ -7,7 +7,6 @@
 //! what was pre-charged as a prediction.
 
 use super::{Policy, Predictor, Scheduler};
-use crate::band::NO_ENTITY;
 use crate::client::Client;
 use crate::cost::{Cost, Pending};
 
@@ -71,19 +70,15 @@ impl Scheduler {
         let in_heaps = self.entities.len() - self.free_entities.len();
         let bulk = rekey && touched.len() >= 32 && touched.len() >= in_heaps;
         if bulk {
-            for &c in &touched {
-                let mut e = self.clients[c as usize].entities;
-                while e != NO_ENTITY {
-                    let key = self.key_of(e);
-                    let b = self.entities[e as usize].band as usize;
-                    self.bands[b]
-                        .heap
-                        .set_key_unordered(e, key, &self.entities[..]);
-                    e = self.entities[e as usize].next;
-                }
-            }
+            // every entry's counter set from its client (each heap entry holds
+            // its client): no entity record read; a seq it holds may be stale
+            // (a head cleaned, not re-keyed), a lower bound `freshen_tops`
+            // makes true at the top, as for any stale key
+            let clients = &self.clients[..];
             for &b in &self.order {
-                self.bands[b as usize].heap.rebuild(&mut self.entities[..]);
+                let heap = &mut self.bands[b as usize].heap;
+                heap.set_counters_unordered(|c| clients[c as usize].counter);
+                heap.rebuild(&mut self.entities[..]);
             }
         }
         if rekey && !touched.is_empty() {
