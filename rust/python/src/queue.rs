@@ -118,7 +118,6 @@ fn exact_i64(obj: &Bound<'_, PyAny>) -> Option<i64> {
     obj.cast_exact::<PyInt>().ok()?.extract().ok()
 }
 
-/// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
 /// A method the native methods call as the queue's class has it (`runs_own`):
 /// its name, and the base class's own method object once looked up.
 struct Inner {
@@ -139,6 +138,7 @@ static SETTLE: Inner = Inner::new("settle");
 static RECORD_OUTPUTS: Inner = Inner::new("record_outputs");
 static RELEASE_FINISHED: Inner = Inner::new("release_finished");
 
+/// The native base of an engine's waiting queue. See `vtc/_core.pyi`.
 #[pyclass(frozen, subclass, module = "vtc._core", name = "WaitingQueue")]
 pub(crate) struct PyWaitingQueue {
     /// `vtc.adapter.Requests`: its counters and its rare paths.
