@@ -307,7 +307,11 @@ class WaitingQueue:
     Its methods' calls of ``settle``, ``record_outputs`` and ``release_finished``
     run this class's own unless the queue's class defines one (looked up on the
     class at each call, as for a special method): that is then called by name, so a
-    subclass may replace or wrap each."""
+    subclass may replace or wrap each.
+
+    ``prefilling`` (a set, else ``TypeError``): the engine's own set of its requests
+    still in a prefill chunk after a step's chunks are counted (vLLM's
+    ``Scheduler._inflight_prefills``), held, not copied; see ``record_step``."""
 
     def __new__(
         cls,
@@ -316,6 +320,7 @@ class WaitingQueue:
         loading: Any = None,
         tenant_of: Callable[[Any], str] | None = None,
         finished: Iterable[Any] | None = None,
+        prefilling: set[Any] | None = None,
     ) -> Self: ...
     def add_request(self, request: Any) -> None:
         """A request arrives, or a paused one returns (its ``request_id`` is tracked:
@@ -346,6 +351,10 @@ class WaitingQueue:
         """The record ``pop_request`` took, until ``settle`` decides it (None)."""
     @_pending.setter
     def _pending(self, record: Any | None) -> None: ...
+    @property
+    def prefilling(self) -> set[Any] | None:
+        """The engine's set of requests still prefilling the queue was made with
+        (the same object), None if none."""
     def __bool__(self) -> bool:
         """Whether a request waits in the core."""
     def __len__(self) -> int:
@@ -359,8 +368,8 @@ class WaitingQueue:
         """The engine scheduled a step (``output``): the pending pop settled by its
         ``num_scheduled_tokens``, and the step kept for ``record_step`` if
         ``running`` (the engine's running requests) equals the core's
-        ``num_running``, with the core's ``state_version`` now (else nothing is
-        kept)."""
+        ``num_running``, with the core's ``state_version`` now and whether the
+        ``prefilling`` set is empty (else nothing is kept)."""
     def record_step(
         self,
         scheduler_output: Any,
@@ -372,7 +381,13 @@ class WaitingQueue:
         updated step: ``running`` when ``scheduler_output`` is the step
         ``scheduled`` kept (used once) and the core's ``state_version`` is as it was then;
         ``tokens``, for a running step, ``model_runner_output.sampled_token_ids``
-        if it is a non-empty list whose first item is a list (else None)."""
+        if it is a non-empty list whose first item is a list (else None). The
+        lists are known to hold one token each, and are not read, when the kept
+        step found ``prefilling`` empty and ``scheduler_output`` gave one token to
+        each request (``total_num_scheduled_tokens == len(num_scheduled_tokens)``)
+        and no draft tokens (``scheduled_spec_decode_tokens`` an empty dict): as
+        many lists as outputs as running requests are then charged one token each
+        (``decode_all(1)``)."""
     def record_outputs(
         self,
         outputs: Iterable[Any],

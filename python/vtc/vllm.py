@@ -136,6 +136,7 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
         core: vtc.Scheduler,
         tenant_of: Callable[[Request], str],
         requests: Requests | None = None,
+        prefilling: set[Request] | None = None,
     ) -> VTCRequestQueue:
         requests = Requests(core) if requests is None else requests  # by vLLM id
         # the native half holds the table, and settles pops by vLLM's statuses: admitted
@@ -147,6 +148,7 @@ class VTCRequestQueue(WaitingQueue, RequestQueue):
             _WAITING_FOR_REMOTE_KVS,
             tenant_of=tenant_of,
             finished=_FINISHED,
+            prefilling=prefilling,
         )
         self.core = core
         self._tenant_of = tenant_of
@@ -244,7 +246,9 @@ class _VTCMixin:
             raise RuntimeError("VTC must replace the waiting queue before any request arrives")
         # the tenant rule (tenant_fields' two fields, read natively in the common case)
         rule = self.vtc_tenancy.rule
-        self.waiting = VTCRequestQueue(self.vtc, rule, self.vtc_adapter.requests)
+        self.waiting = VTCRequestQueue(
+            self.vtc, rule, self.vtc_adapter.requests, prefilling=prefilling_set(self)
+        )
         mode = "async" if isinstance(self, AsyncScheduler) else "synchronous"
         # vLLM's priority (smaller first) is the core's band under --scheduling-policy
         # priority; otherwise every request has priority 0
@@ -311,7 +315,14 @@ class _VTCMixin:
         when there are as many outputs as lists, each output's tokens are one
         of the lists, each list once, and if every list holds ``t`` tokens so
         does every output. Otherwise (a request scheduled without an output, a
-        runner without lists) the outputs are read as before."""
+        runner without lists) the outputs are read as before.
+
+        Nor need the lists be read when vLLM gave each scheduled request one
+        token with no draft tokens and no request is still prefilling after the
+        step (vLLM's own set of them, :func:`prefilling_set`, empty when the step
+        was scheduled): each list then holds one token (the runner empties only
+        a prefill chunk's), so the step is charged as uniform from the lists'
+        count alone (bench/README.md, 48)."""
         waiting = self.waiting
         if waiting._pending is not None:  # (settle's own test, without a call)
             waiting.settle()
@@ -345,6 +356,29 @@ class _VTCMixin:
     def tenant_services(self) -> dict[str, float]:
         """Each tenant's weighted service actually delivered (no lifts)."""
         return self.vtc_tenancy.services()
+
+
+def prefilling_set(scheduler: Any) -> set[Request] | None:
+    """vLLM's set of the requests still prefilling after their last chunk
+    (``Scheduler._inflight_prefills``), for the queue to know a step of one token
+    to each request samples one token each without reading the runner's lists
+    (:meth:`_VTCMixin.update_from_output`); None where it cannot say so.
+
+    vLLM adds a request when it admits it with a chunk that leaves its prompt (or
+    a resumed request's tokens) unfinished, and drops it once a step's chunk
+    finishes them (``_update_after_schedule``), or when it is preempted or freed;
+    a running request gets more tokens to compute only through an admission. A
+    KV connector breaks that (a failed load rolls a running request's computed
+    tokens back), and a multimodal encoder-only instance samples nothing; with
+    either, or a vLLM without the set, None: the lists are read, as before."""
+    prefilling = getattr(scheduler, "_inflight_prefills", None)
+    if (
+        type(prefilling) is not set
+        or getattr(scheduler, "connector", None) is not None
+        or getattr(scheduler, "is_mm_encoder_only", False)
+    ):
+        return None
+    return prefilling
 
 
 def _async_scheduling(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:

@@ -614,6 +614,57 @@ def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:
     assert q.entry(c.request_id) is None and core.num_running == 2
 
 
+def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None:
+    """With the engine's set of prefilling requests empty when the step was
+    scheduled, a step that gave each running request one token and no drafts is
+    charged one token each from the lists' count alone: lists that say otherwise
+    are not read. A request in the set, a draft, or a step of more tokens than
+    requests has its lists read; a set that is not a set is refused."""
+    from types import SimpleNamespace
+
+    core = vtc.Scheduler(M=10_000)
+    prefilling: set = set()
+    q = VTCRequestQueue(core, lambda r: r.sampling_params.extra_args["tenant"], None, prefilling)
+    assert q.prefilling is prefilling
+    a, b = make_request("a", 10, 50), make_request("b", 10, 50)
+    for r in (a, b):
+        q.add_request(r)
+        assert q.pop_request() is r
+        r.status = RequestStatus.RUNNING
+    q.settle()
+    ids = [a.request_id, b.request_id]
+
+    def step(tokens, *, total=2, drafts=None, chunk=()):
+        """One step: scheduled with ``total`` tokens, ``drafts``, ``chunk`` still
+        prefilling; the runner's ``tokens`` a request; each one's service gained."""
+        before = {t: core.service(t) for t in "ab"}
+        output = SimpleNamespace(
+            num_scheduled_tokens=dict.fromkeys(ids, 1),
+            total_num_scheduled_tokens=total,
+            scheduled_spec_decode_tokens=drafts or {},
+        )
+        prefilling.update(chunk)
+        q.scheduled(output, 2)
+        prefilling.clear()
+        lists = [[7] * n for n in tokens]
+        outs = [
+            SimpleNamespace(request_id=i, new_token_ids=t, finish_reason=None)
+            for i, t in zip(ids, lists)
+        ]
+        runner = SimpleNamespace(sampled_token_ids=lists)
+        q.record_step(output, runner, {0: SimpleNamespace(outputs=outs)}, None)
+        return {t: (core.service(t) - before[t]) / core.wq for t in "ab"}  # tokens
+
+    assert step([1, 1]) == {"a": 1, "b": 1}
+    assert step([1, 2]) == {"a": 1, "b": 1}  # (lists not read: one token each)
+    assert step([1, 2], chunk=[b]) == {"a": 1, "b": 2}  # read: a request prefilling
+    assert step([1, 2], drafts={b.request_id: [7]}) == {"a": 1, "b": 2}  # read: drafts
+    assert step([1, 2], total=3) == {"a": 1, "b": 2}  # read: more tokens than requests
+    assert step([2, 2], total=3) == {"a": 2, "b": 2}  # read, uniform
+    with pytest.raises(TypeError, match="prefilling must be a set"):
+        VTCRequestQueue(core, str, None, [])
+
+
 class _PerIdScheduler(VTCScheduler):
     """VTCScheduler that always charges by reading the outputs' ids."""
 
@@ -630,7 +681,9 @@ def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
     chunks (no output), finishes (the last token), preemptions, mixed counts
     (speculative decoding), aborts between ``schedule()`` and the update, and
     arrivals. Every tenant's counter and service, bit for bit, after every
-    step; the uniform charge is taken on uniform steps only."""
+    step; the uniform charge is taken on uniform steps only. A step in which
+    a request samples more than one token is marked as vLLM marks it: with
+    draft tokens (``scheduled_spec_decode_tokens``, all accepted)."""
     import random
 
     from vllm.v1.outputs import ModelRunnerOutput
@@ -652,6 +705,9 @@ def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
 
     for _ in range(12):
         arrive()
+    assert fast.waiting.prefilling is fast._inflight_prefills  # (one-token steps unread)
+    for s in (fast, slow):  # (drafts with no drafter: vLLM's statistics of them not kept)
+        s.make_spec_decoding_stats = lambda stats, *args, **kwargs: stats
     kinds: dict[str, int] = {}
     preempted = finished = 0
     for n in range(400):
@@ -670,6 +726,9 @@ def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
             k = counts.get(kind, rng.randint(1, 3))
             request = fast.requests.get(rid)  # None: aborted (vLLM skips its output)
             sampled.append([] if request is not None and request.is_prefill_chunk else [7] * k)
+            if len(sampled[-1]) > 1:  # k - 1 drafts, each accepted
+                for out in outputs:
+                    out.scheduled_spec_decode_tokens[rid] = [7] * (k - 1)
         before = fast.waiting.requests.uniform_steps
         running = fast.vtc.num_running
         got = []
@@ -697,6 +756,67 @@ def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
     assert kinds["one:True"] and kinds["two:True"] and kinds["one:False"], kinds
     assert kinds["mixed:False"] and kinds["abort:False"], kinds
     assert preempted and finished, (preempted, finished)
+
+
+def test_a_one_token_prefill_chunk_keeps_the_step_from_the_uniform_charge(model_dir: str) -> None:
+    """A step that gives each request one token and no drafts is one token each
+    only if no request is in a prefill chunk that leaves its prompt unfinished
+    (vLLM's runner samples nothing for it). With a budget of one token more than
+    the decoding requests take, each arriving long prompt is prefilled one token
+    a step beside them: those steps are read by id, the steps in between charged
+    as uniform without reading the runner's lists, and every tenant's counter
+    and service is the by-id scheduler's, bit for bit, after every step."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    config = vllm_config(model_dir, max_num_seqs=4, max_num_batched_tokens=4)
+    fast = make_scheduler(VTCScheduler, config)
+    slow = make_scheduler(_PerIdScheduler, config)
+    assert fast.waiting.prefilling is fast._inflight_prefills
+
+    def arrive(tenant: str, prompt_len: int, max_tokens: int, rid: str) -> None:
+        prompt = [3 + (len(rid) * 7 + j * 13) % 500 for j in range(prompt_len)]
+        for s in (fast, slow):
+            request = make_request(tenant, max_tokens=max_tokens, prompt=prompt, request_id=rid)
+            s.add_request(request)
+
+    for i, tenant in enumerate("abc"):  # decoding throughout
+        arrive(tenant, 1, 120, f"d{i}")
+    kinds = dict.fromkeys(("chunk of one", "chunk of one, uniform", "decodes", "uniform"), 0)
+    long_prompts = 0
+    for n in range(110):
+        if n % 20 == 0 and long_prompts < 4:  # prefilled one token a step
+            long_prompts += 1
+            arrive("p", 12, 3, f"p{long_prompts}")
+        outputs = [s.schedule() for s in (fast, slow)]
+        out = outputs[0]
+        assert out.num_scheduled_tokens == outputs[1].num_scheduled_tokens
+        ids = list(out.num_scheduled_tokens)
+        chunk = [rid for rid in ids if fast.requests[rid].is_prefill_chunk]
+        one_each = out.total_num_scheduled_tokens == len(ids)
+        sampled = [[] if rid in chunk else [7] for rid in ids]
+        before = fast.waiting.requests.uniform_steps
+        for s, o in zip((fast, slow), outputs):
+            runner = ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[list(x) for x in sampled],
+            )
+            s.update_from_output(o, runner)
+        assert fast.tenant_counters() == slow.tenant_counters(), n
+        assert fast.tenant_services() == slow.tenant_services(), n
+        uniform = fast.waiting.requests.uniform_steps > before
+        if chunk and one_each:
+            kinds["chunk of one"] += 1
+            kinds["chunk of one, uniform"] += uniform
+        elif one_each:
+            kinds["decodes"] += 1
+            kinds["uniform"] += uniform
+    assert slow.waiting.requests.uniform_steps == 0
+    # each long prompt was prefilled one token a step beside three decodes, and
+    # the steps of one token each with no prefill were charged as uniform
+    assert kinds["chunk of one"] >= 4 * 10 and not kinds["chunk of one, uniform"], kinds
+    assert kinds["uniform"] == kinds["decodes"] >= 40, kinds
+    assert fast.tenant_services()["p"] == slow.tenant_services()["p"] > 0
 
 
 def test_one_class_name_runs_as_vllms_scheduler_of_the_configured_mode(

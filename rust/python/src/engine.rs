@@ -92,6 +92,24 @@ impl PyScheduler {
         Ok(())
     }
 
+    /// `decode_all(t)` of a step known to hold `n` outputs of `t` tokens each, one
+    /// per distinct running request (the caller knows both; neither is read here):
+    /// charged, and true, when `t >= 1` and `n` is the core's `num_running`; else
+    /// nothing is charged, and false (the caller then reads the step by id).
+    pub(crate) fn decode_counted(&self, py: Python<'_>, n: usize, t: i64) -> Result<bool> {
+        let mut g = self.lock(py)?;
+        if t < 1 || n != g.core.num_running() {
+            return Ok(false);
+        }
+        if n >= DETACH_MIN {
+            // as `decode_all`: inside predictions it walks the requests
+            py.detach(|| g.core.decode_all(t))?;
+        } else {
+            g.core.decode_all(t)?;
+        }
+        Ok(true)
+    }
+
     /// `decode([rid], [tokens])` for native callers.
     pub(crate) fn decode_one(&self, py: Python<'_>, rid: u64, tokens: i64) -> Result<()> {
         self.lock(py)?.core.decode(&[rid], Tokens::Each(tokens))?;
@@ -398,17 +416,7 @@ impl PyScheduler {
         let Some((n, t)) = uniform_count(outputs, tokens_attr) else {
             return Ok(false);
         };
-        let mut g = self.lock(py)?;
-        if t < 1 || n != g.core.num_running() {
-            return Ok(false);
-        }
-        if n >= DETACH_MIN {
-            // as `decode_all`: inside predictions it walks the requests
-            py.detach(|| g.core.decode_all(t))?;
-        } else {
-            g.core.decode_all(t)?;
-        }
-        Ok(true)
+        self.decode_counted(py, n, t)
     }
 
     fn finish(&self, py: Python<'_>, request_id: RequestId) -> Result<()> {

@@ -161,10 +161,54 @@ pub(crate) struct PyWaitingQueue {
     finished: Vec<Py<PyAny>>,
     /// The record popped provisionally (`_pending`), until `settle` decides it.
     pending: Mutex<Option<Py<PyAny>>>,
-    /// The last `scheduled` step's output and the core's `state_version` then,
-    /// while the engine's running list and the core's running set had as many
-    /// requests.
-    step: Mutex<Option<(Py<PyAny>, u64)>>,
+    /// The engine's set of its requests still prefilling after a step's chunk
+    /// (vLLM's `Scheduler._inflight_prefills`), if it keeps one: while it is
+    /// empty when a step is scheduled, every request of that step samples a token.
+    prefilling: Option<Py<PySet>>,
+    /// The last `scheduled` step (while the engine's running list and the core's
+    /// running set had as many requests).
+    step: Mutex<Option<Kept>>,
+}
+
+/// A step `scheduled` kept for `record_step`.
+struct Kept {
+    /// The engine's output of the step (`record_step` is told the same object).
+    output: Py<PyAny>,
+    /// The core's `state_version` then: unchanged at `record_step`, every output
+    /// is from a distinct request running in the core.
+    version: u64,
+    /// The engine's `prefilling` set was empty after the step's chunks were
+    /// counted: no request of the step is in a prefill chunk that samples nothing.
+    decodes_only: bool,
+}
+
+/*
+ * one_token_each: whether vLLM's step `output` gave each scheduled request one
+ * token and no draft tokens: `total_num_scheduled_tokens ==
+ * len(num_scheduled_tokens)` (each request scheduled at least one) and
+ * `scheduled_spec_decode_tokens` empty. With no request in a prefill chunk that
+ * does not finish its prompt (`Kept::decodes_only`), each then samples exactly
+ * one token: vLLM's runner clears the list of a request whose computed tokens
+ * stay below its tokens (a prefill chunk), and samples one token for every
+ * other without drafts. Anything unreadable: false (the lists are read).
+ */
+fn one_token_each(output: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = output.py();
+    let total = output.getattr_opt(intern!(py, "total_num_scheduled_tokens"))?;
+    let Some(total) = total.and_then(|t| exact_i64(&t)) else {
+        return Ok(false);
+    };
+    let scheduled = output.getattr_opt(intern!(py, "num_scheduled_tokens"))?;
+    let Some(scheduled) = scheduled.and_then(|d| d.cast_into_exact::<PyDict>().ok()) else {
+        return Ok(false);
+    };
+    if usize::try_from(total) != Ok(scheduled.len()) {
+        return Ok(false);
+    }
+    match output.getattr_opt(intern!(py, "scheduled_spec_decode_tokens"))? {
+        Some(drafts) => Ok(drafts.cast_exact::<PyDict>().is_ok_and(|d| d.is_empty())),
+        None => Ok(false),
+    }
 }
 
 impl PyWaitingQueue {
@@ -378,11 +422,74 @@ impl PyWaitingQueue {
         Ok(true)
     }
 
+    /// `record_outputs(outputs, finished, running, tokens)`, with `each`: the
+    /// number of tokens each of the `tokens` lists is known to hold without
+    /// reading them (`one_token_each`), if it is.
+    fn record_groups(
+        slf: &Bound<'_, Self>,
+        outputs: &Bound<'_, PyAny>,
+        finished: Option<&Bound<'_, PyAny>>,
+        running: bool,
+        tokens: Option<&Bound<'_, PyAny>>,
+        each: Option<i64>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let name = intern!(py, "outputs");
+        // one group per API-server client: one here
+        let mut groups = outputs.try_iter()?;
+        let Some(first) = groups.next() else {
+            return Ok(());
+        };
+        let first = first?.getattr(name)?;
+        let outs = match groups.next() {
+            None => first,
+            Some(second) => {
+                // several: their outputs in one list, group after group
+                let all = PyList::empty(py);
+                let rest = std::iter::once(second).chain(groups);
+                for group in std::iter::once(Ok(first)).chain(rest.map(|g| g?.getattr(name))) {
+                    for out in group?.try_iter()? {
+                        all.append(out?)?;
+                    }
+                }
+                all.into_any()
+            }
+        };
+        if !outs.is_truthy()? {
+            return Ok(());
+        }
+        slf.get().charge(py, &outs, running, tokens, each)?;
+        let finished = match finished {
+            Some(f) if !f.is_none() => f.clone(),
+            _ => {
+                // the outputs that say they finished
+                let ids = PyList::empty(py);
+                for out in outs.try_iter()? {
+                    let out = out?;
+                    if !out.getattr(intern!(py, "finish_reason"))?.is_none() {
+                        ids.append(out.getattr(intern!(py, "request_id"))?)?;
+                    }
+                }
+                ids.into_any()
+            }
+        };
+        if finished.is_truthy()? {
+            if Self::runs_own(slf, &RELEASE_FINISHED)? {
+                Self::release_finished(slf, &finished)?;
+            } else {
+                slf.call_method1(RELEASE_FINISHED.name.get(py), (finished,))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Charge a step's outputs `outs` as `Requests.charge_outputs(outs,
     /// running=running, tokens=tokens)` does. Its common step natively: every
     /// output from a distinct running request (`running`), each of the step's token
     /// lists `tokens` of one length, one per output, and no observer to tell;
-    /// `decode_uniform` then charges it (the core counts a uniform decode). Any other
+    /// `decode_uniform` then charges it (the core counts a uniform decode), or
+    /// `decode_counted` with no list read when each is known to hold `each`
+    /// tokens. Any other
     /// step is `charge_outputs`' own, told what this call already learnt (lists
     /// not of one length: it need not read them again).
     fn charge(
@@ -391,6 +498,7 @@ impl PyWaitingQueue {
         outs: &Bound<'_, PyAny>,
         running: bool,
         tokens: Option<&Bound<'_, PyAny>>,
+        each: Option<i64>,
     ) -> PyResult<()> {
         let requests = self.requests.bind(py);
         let charge_outputs = intern!(py, "charge_outputs");
@@ -402,7 +510,14 @@ impl PyWaitingQueue {
             if lists.len() == outs.len()?
                 && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
             {
-                return match self.core.get().decode_uniform(py, lists.as_any(), None) {
+                let core = self.core.get();
+                // known to be `each` tokens a list: not read (refused: as below)
+                if let Some(t) = each {
+                    if let Ok(true) = core.decode_counted(py, lists.len(), t) {
+                        return Ok(());
+                    }
+                }
+                return match core.decode_uniform(py, lists.as_any(), None) {
                     Ok(true) => Ok(()),
                     // not uniform: read by id (what charge_outputs does next)
                     Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
@@ -430,13 +545,17 @@ impl PyWaitingQueue {
 #[pymethods]
 impl PyWaitingQueue {
     #[new]
-    #[pyo3(signature = (requests, running = None, loading = None, tenant_of = None, finished = None))]
+    #[pyo3(signature = (
+        requests, running = None, loading = None, tenant_of = None, finished = None,
+        prefilling = None
+    ))]
     fn new(
         requests: &Bound<'_, PyAny>,
         running: Option<Py<PyAny>>,
         loading: Option<Py<PyAny>>,
         tenant_of: Option<Py<PyAny>>,
         finished: Option<&Bound<'_, PyAny>>,
+        prefilling: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let py = requests.py();
         let core = requests.getattr(intern!(py, "core"))?;
@@ -455,6 +574,15 @@ impl PyWaitingQueue {
                 .collect::<PyResult<_>>()?,
             None => Vec::new(),
         };
+        let prefilling = match prefilling.filter(|p| !p.is_none()) {
+            Some(p) => Some(
+                p.cast::<PySet>()
+                    .map_err(|_| wrong_type("prefilling", "a set", p.clone()))?
+                    .clone()
+                    .unbind(),
+            ),
+            None => None,
+        };
         Ok(PyWaitingQueue {
             requests: requests.clone().unbind(),
             core: core.unbind(),
@@ -463,6 +591,7 @@ impl PyWaitingQueue {
             tenant_of,
             statuses: running.zip(loading),
             finished,
+            prefilling,
             pending: Mutex::new(None),
             step: Mutex::new(None),
         })
@@ -471,7 +600,8 @@ impl PyWaitingQueue {
     /// The engine scheduled a step (`output`, with `num_scheduled_tokens`): its
     /// last pop settled by it, and the step kept for `record_step` if `running`,
     /// the engine's running requests, are as many as the core's (with the
-    /// core's `state_version` now; else nothing is kept).
+    /// core's `state_version` now, and whether the engine's `prefilling` set is
+    /// empty; else nothing is kept).
     fn scheduled(slf: &Bound<'_, Self>, output: &Bound<'_, PyAny>, running: usize) -> Result<()> {
         let py = slf.py();
         let this = slf.get();
@@ -480,9 +610,16 @@ impl PyWaitingQueue {
             let tokens = output.getattr(intern!(py, "num_scheduled_tokens"))?;
             Self::settle_as_class(slf, Some(&tokens))?;
         }
+        let decodes_only = this
+            .prefilling
+            .as_ref()
+            .is_some_and(|p| p.bind(py).is_empty());
         let g = this.core.get().lock(py)?;
-        let kept = (running == g.core.num_running())
-            .then(|| (output.clone().unbind(), g.core.state_version()));
+        let kept = (running == g.core.num_running()).then(|| Kept {
+            output: output.clone().unbind(),
+            version: g.core.state_version(),
+            decodes_only,
+        });
         drop(g);
         let old = std::mem::replace(&mut *this.step.lock(), kept);
         drop(old);
@@ -495,7 +632,9 @@ impl PyWaitingQueue {
     /// output from a distinct running request) when it is the step `scheduled`
     /// kept and the core has not changed since, with the runner's
     /// `sampled_token_ids` as the token lists when they are a non-empty list of
-    /// lists. The kept step is used once.
+    /// lists, known to hold one token each without reading them when the kept
+    /// step had no request prefilling and gave one token to each
+    /// (`one_token_each`). The kept step is used once.
     fn record_step(
         slf: &Bound<'_, Self>,
         scheduler_output: &Bound<'_, PyAny>,
@@ -506,11 +645,12 @@ impl PyWaitingQueue {
         let py = slf.py();
         let this = slf.get();
         let kept = this.step.lock().take();
-        let running = match kept {
-            Some((output, version)) if output.bind(py).is(scheduler_output) => {
-                version == this.core.get().lock(py)?.core.state_version()
+        let (running, decodes_only) = match kept {
+            Some(k) if k.output.bind(py).is(scheduler_output) => {
+                let same = k.version == this.core.get().lock(py)?.core.state_version();
+                (same, same && k.decodes_only)
             }
-            _ => false,
+            _ => (false, false),
         };
         let mut tokens = None;
         if running {
@@ -525,9 +665,12 @@ impl PyWaitingQueue {
                 }
             }
         }
+        let each =
+            (tokens.is_some() && decodes_only && one_token_each(scheduler_output)?).then_some(1);
         let groups = outputs.call_method0(intern!(py, "values"))?;
         if Self::runs_own(slf, &RECORD_OUTPUTS)? {
-            return Self::record_outputs(slf, &groups, finished, running, tokens.as_ref());
+            let tokens = tokens.as_ref();
+            return Self::record_groups(slf, &groups, finished, running, tokens, each);
         }
         let name = RECORD_OUTPUTS.name.get(py);
         slf.call_method1(name, (groups, finished, running, tokens))?;
@@ -706,6 +849,13 @@ impl PyWaitingQueue {
         drop(old);
     }
 
+    /// The engine's set of requests still prefilling this queue was made with
+    /// (the same object), None if none.
+    #[getter]
+    fn prefilling(&self, py: Python<'_>) -> Option<Py<PySet>> {
+        self.prefilling.as_ref().map(|p| p.clone_ref(py))
+    }
+
     fn __bool__(slf: &Bound<'_, Self>) -> Result<bool> {
         Ok(Self::count(slf)? > 0)
     }
@@ -737,54 +887,7 @@ impl PyWaitingQueue {
         running: bool,
         tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let py = slf.py();
-        let name = intern!(py, "outputs");
-        // one group per API-server client: one here
-        let mut groups = outputs.try_iter()?;
-        let Some(first) = groups.next() else {
-            return Ok(());
-        };
-        let first = first?.getattr(name)?;
-        let outs = match groups.next() {
-            None => first,
-            Some(second) => {
-                // several: their outputs in one list, group after group
-                let all = PyList::empty(py);
-                let rest = std::iter::once(second).chain(groups);
-                for group in std::iter::once(Ok(first)).chain(rest.map(|g| g?.getattr(name))) {
-                    for out in group?.try_iter()? {
-                        all.append(out?)?;
-                    }
-                }
-                all.into_any()
-            }
-        };
-        if !outs.is_truthy()? {
-            return Ok(());
-        }
-        slf.get().charge(py, &outs, running, tokens)?;
-        let finished = match finished {
-            Some(f) if !f.is_none() => f.clone(),
-            _ => {
-                // the outputs that say they finished
-                let ids = PyList::empty(py);
-                for out in outs.try_iter()? {
-                    let out = out?;
-                    if !out.getattr(intern!(py, "finish_reason"))?.is_none() {
-                        ids.append(out.getattr(intern!(py, "request_id"))?)?;
-                    }
-                }
-                ids.into_any()
-            }
-        };
-        if finished.is_truthy()? {
-            if Self::runs_own(slf, &RELEASE_FINISHED)? {
-                Self::release_finished(slf, &finished)?;
-            } else {
-                slf.call_method1(RELEASE_FINISHED.name.get(py), (finished,))?;
-            }
-        }
-        Ok(())
+        Self::record_groups(slf, outputs, finished, running, tokens, None)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {
@@ -805,10 +908,11 @@ impl PyWaitingQueue {
             visit.call(pending.as_ref())?;
         }
         if let Some(step) = self.step.try_lock() {
-            if let Some((output, _)) = step.as_ref() {
-                visit.call(output)?;
+            if let Some(kept) = step.as_ref() {
+                visit.call(&kept.output)?;
             }
         }
+        visit.call(&self.prefilling)?;
         Ok(())
     }
 
