@@ -239,14 +239,14 @@ def test_a_scheduling_pass_sets_up_and_undoes_everything_in_order_whatever_raise
 
     def state() -> tuple[bool, bool, bool]:
         """(the lock held, as another thread sees it; in a pass; the lookup frozen)"""
-        return (held(ad), r._in_pass, lookup._memo is not None)
+        return (held(ad), r._in_pass, lookup.frozen)
 
     assert state() == (False, False, False)
     with ad.selecting():
         assert state() == (True, True, True) and log == ["edge 1"]
         with ad.selecting():  # nested: the lookup stays frozen by the outer pass
             assert state() == (True, True, True)
-        assert lookup._memo is not None and log == ["edge 1", "edge 2", "edge 3"]
+        assert lookup.frozen and log == ["edge 1", "edge 2", "edge 3"]
     assert state() == (False, False, False) and log[-1] == "edge 4"
     with pytest.raises(KeyError, match="the engine's pass failed"), ad.selecting():
         raise KeyError("the engine's pass failed")
@@ -273,9 +273,9 @@ def test_one_pass_object_serves_pass_after_pass_one_at_a_time() -> None:
             with pytest.raises(KeyError, match="failed"), kept:
                 raise KeyError("the engine's pass failed")
         with kept:
-            assert (r._in_pass, lookup._memo is not None, r.head()) == (True, True, ta)
+            assert (r._in_pass, lookup.frozen, r.head()) == (True, True, ta)
             with pytest.raises(RuntimeError, match="already entered"), kept:
                 raise AssertionError("not entered")  # pragma: no cover
-            assert (r._in_pass, lookup._memo is not None, held(ad)) == (True, True, True)
-        assert (r._in_pass, lookup._memo is not None, held(ad)) == (False, False, False)
+            assert (r._in_pass, lookup.frozen, held(ad)) == (True, True, True)
+        assert (r._in_pass, lookup.frozen, held(ad)) == (False, False, False)
     assert log == [f"edge {i}" for i in range(1, 9)]  # 4 passes, 2 edges each

@@ -914,6 +914,12 @@ class PrefixLookup:
         """The pass :meth:`freeze` started ends: answers are asked anew."""
         self._memo = None
 
+    @property
+    def frozen(self) -> bool:
+        """Whether a pass is on (between :meth:`freeze` and :meth:`thaw`): each
+        request's answer is then kept."""
+        return self._memo is not None
+
 
 LOG_TENANTS = 20
 """Tenants named in one log line (the most served); the others are counted."""

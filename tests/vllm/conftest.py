@@ -89,7 +89,7 @@ def cache_checks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         # installed and not frozen: a pass freezes it, and vLLM's schedule() enters
         # one whenever a lookup is installed, see VTCScheduler.schedule)
         lookup = lookups.get(id(self.requests), (None, None))[1]
-        if lookup is None or lookup._memo is not None:
+        if lookup is None or lookup.frozen:
             rid = self.core.peek()
             assert self._pending is not None and self._pending.rid == rid, "stale pop"
             checked["pop"] += 1

@@ -471,7 +471,7 @@ def test_schedule_holds_a_pass_while_shared_counters_or_a_lookup_need_one(
         def __bool__(self) -> bool:
             held.append(lock._is_owned())
             lookup = adapter.prefix_lookup
-            frozen.append(lookup is not None and lookup._memo is not None)
+            frozen.append(lookup is not None and lookup.frozen)
             return super().__bool__()
 
     s.waiting.__class__ = Probe
@@ -499,7 +499,7 @@ def test_schedule_holds_a_pass_while_shared_counters_or_a_lookup_need_one(
     assert lookup is not None
     frozen.clear()
     assert held_in_a_step()
-    assert frozen and all(frozen) and lookup._memo is None  # (frozen in, thawed out)
+    assert frozen and all(frozen) and not lookup.frozen  # (frozen in, thawed out)
     adapter.set_prefix_lookup(None)
     assert not held_in_a_step()
     run_until_idle(s)

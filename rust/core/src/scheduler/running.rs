@@ -11,7 +11,7 @@
 //! `n_predicting` counts the running requests with generated < predicted;
 //! `gen_hi` is at least every running request's generated count.
 
-use super::charge::charge_client;
+use super::charge::charge_decode;
 use super::request::Slot;
 use super::{Scheduler, Tokens};
 use crate::cost::{Cost, RunSums};
@@ -147,7 +147,7 @@ impl Scheduler {
      * one pass over the running clients.
      *
      * The charges of `charge_touched` for `n * t` pending tokens each, bit for
-     * bit (the same `wq * tokens` and `charge_client`, the same clients
+     * bit (the same `wq * tokens` and `charge_decode`, the same clients
      * touched in the same order), but each client's record is visited once,
      * while its line is in cache, and no scratch count is written: a step's
      * cost here is the lines it touches (`Client`'s layout). The wide sums
@@ -162,9 +162,7 @@ impl Scheduler {
             debug_assert!(cl.n_running > 0 && cl.pending_tokens == 0);
             let tokens = u64::from(cl.n_running) * t;
             cl.occupancy += u128::from(tokens);
-            cl.decode_tokens = cl.decode_tokens.saturating_add(tokens);
-            charge_client(cl, wq * tokens as f64);
-            changes.touch(c);
+            charge_decode(cl, c, tokens, wq * tokens as f64, changes);
             touched.push(c);
         }
         self.rekey_touched();
