@@ -17,21 +17,24 @@
 //! `Requests` keeps by core id (its `_by_rid` dict, shared, not copied).
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering::Relaxed;
 
 use parking_lot::Mutex;
-use pyo3::exceptions::{
-    PyIndexError, PyKeyError, PyNotImplementedError, PyRuntimeError, PyTypeError,
-};
+use pyo3::exceptions::{PyIndexError, PyKeyError, PyNotImplementedError, PyTypeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::sync::{Interned, PyOnceLock};
-use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet, PyString};
+use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
 use crate::tracked::PyTracked;
 use crate::PyScheduler;
+
+mod step;
+mod table;
+
+use step::{one_token_each, Kept};
+use table::Table;
 
 /// The `TypeError` of a constructor argument's attribute `what` that is not
 /// `wanted` (`got`: what it is).
@@ -45,71 +48,6 @@ fn request_of<'py>(record: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     match record.cast::<PyTracked>() {
         Ok(t) => Ok(t.get().request.bind(record.py()).clone()),
         Err(_) => record.getattr(intern!(record.py(), "request")),
-    }
-}
-
-/// The parts of a `vtc.adapter.Requests` table its admissions, arrivals and
-/// finishes are made with natively, taken when the queue is made if
-/// `requests.admit`, `submit`, `release_finished` and `_drop` are then `Requests`'
-/// own (no subclass or instance replaced them: else what replaced them must see
-/// every call).
-struct Table {
-    /// `requests.observers` (a list, changed in place, never replaced): while it
-    /// is not empty, `Requests`' methods make each change (they tell it).
-    observers: Py<PyList>,
-    /// `requests._by_key`: the engine's key -> the request's record.
-    by_key: Py<PyDict>,
-    /// `requests._M`: the longest prompt submitted as it is.
-    budget: i64,
-    /// `requests.overrides` and `requests._aside`: keyed by the engine's key,
-    /// each emptied of a released request's key.
-    overrides: Py<PyDict>,
-    aside: Py<PyDict>,
-}
-
-impl Table {
-    fn of(requests: &Bound<'_, PyAny>) -> PyResult<Option<Table>> {
-        let py = requests.py();
-        let own = py
-            .import(intern!(py, "vtc.adapter"))?
-            .getattr(intern!(py, "Requests"))?;
-        let names = ["admit", "submit", "release_finished", "_drop"];
-        for name in names.map(|n| PyString::intern(py, n)) {
-            let func = match requests.getattr_opt(&name)? {
-                Some(m) => m.getattr_opt(intern!(py, "__func__"))?,
-                None => None,
-            };
-            let mine = own.getattr(&name)?;
-            if !func.is_some_and(|f| f.is(&mine)) {
-                return Ok(None);
-            }
-        }
-        let observers = requests.getattr(intern!(py, "observers"))?;
-        let by_key = requests.getattr(intern!(py, "_by_key"))?;
-        let budget = requests.getattr(intern!(py, "_M"))?;
-        let overrides = requests.getattr(intern!(py, "overrides"))?;
-        let aside = requests.getattr(intern!(py, "_aside"))?;
-        let (Ok(observers), Ok(by_key), Some(budget), Ok(overrides), Ok(aside)) = (
-            observers.cast_into::<PyList>(),
-            by_key.cast_into_exact::<PyDict>(),
-            exact_i64(&budget),
-            overrides.cast_into_exact::<PyDict>(),
-            aside.cast_into_exact::<PyDict>(),
-        ) else {
-            return Ok(None);
-        };
-        Ok(Some(Table {
-            observers: observers.unbind(),
-            by_key: by_key.unbind(),
-            budget,
-            overrides: overrides.unbind(),
-            aside: aside.unbind(),
-        }))
-    }
-
-    /// Whether an observer listens.
-    fn observed(&self, py: Python<'_>) -> bool {
-        !self.observers.bind(py).is_empty()
     }
 }
 
@@ -168,47 +106,6 @@ pub(crate) struct PyWaitingQueue {
     /// The last `scheduled` step (while the engine's running list and the core's
     /// running set had as many requests).
     step: Mutex<Option<Kept>>,
-}
-
-/// A step `scheduled` kept for `record_step`.
-struct Kept {
-    /// The engine's output of the step (`record_step` is told the same object).
-    output: Py<PyAny>,
-    /// The core's `state_version` then: unchanged at `record_step`, every output
-    /// is from a distinct request running in the core.
-    version: u64,
-    /// The engine's `prefilling` set was empty after the step's chunks were
-    /// counted: no request of the step is in a prefill chunk that samples nothing.
-    decodes_only: bool,
-}
-
-/*
- * one_token_each: whether vLLM's step `output` gave each scheduled request one
- * token and no draft tokens: `total_num_scheduled_tokens ==
- * len(num_scheduled_tokens)` (each request scheduled at least one) and
- * `scheduled_spec_decode_tokens` empty. With no request in a prefill chunk that
- * does not finish its prompt (`Kept::decodes_only`), each then samples exactly
- * one token: vLLM's runner clears the list of a request whose computed tokens
- * stay below its tokens (a prefill chunk), and samples one token for every
- * other without drafts. Anything unreadable: false (the lists are read).
- */
-fn one_token_each(output: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let py = output.py();
-    let total = output.getattr_opt(intern!(py, "total_num_scheduled_tokens"))?;
-    let Some(total) = total.and_then(|t| exact_i64(&t)) else {
-        return Ok(false);
-    };
-    let scheduled = output.getattr_opt(intern!(py, "num_scheduled_tokens"))?;
-    let Some(scheduled) = scheduled.and_then(|d| d.cast_into_exact::<PyDict>().ok()) else {
-        return Ok(false);
-    };
-    if usize::try_from(total) != Ok(scheduled.len()) {
-        return Ok(false);
-    }
-    match output.getattr_opt(intern!(py, "scheduled_spec_decode_tokens"))? {
-        Some(drafts) => Ok(drafts.cast_exact::<PyDict>().is_ok_and(|d| d.is_empty())),
-        None => Ok(false),
-    }
 }
 
 impl PyWaitingQueue {
@@ -299,246 +196,6 @@ impl PyWaitingQueue {
             // (a core id with no record: a bug in the shell, never the engine's input)
             None => Err(PyKeyError::new_err(rid).into()),
         }
-    }
-
-    /// `Requests._drop(tracked, True)` natively (no observer listens): each record
-    /// (distinct, tracked) out of the table's maps, then out of the core (`finish`
-    /// if it runs, else `cancel` if held).
-    fn drop_finished(
-        &self,
-        py: Python<'_>,
-        table: &Table,
-        tracked: &[Bound<'_, PyTracked>],
-    ) -> Result<()> {
-        let (by_key, records) = (table.by_key.bind(py), self.records.bind(py));
-        let (overrides, aside) = (table.overrides.bind(py), table.aside.bind(py));
-        let core = self.core.get();
-        for t in tracked {
-            let t = t.get();
-            let key = t.key.bind(py);
-            by_key.del_item(key)?;
-            records.del_item(t.rid)?;
-            for keyed in [overrides, aside] {
-                if !keyed.is_empty() && keyed.contains(key)? {
-                    keyed.del_item(key)?;
-                }
-            }
-            core.finish_or_cancel(py, t.rid)?;
-        }
-        Ok(())
-    }
-
-    /// `requests.admit(record, cached)` natively, when nothing but the table and
-    /// the core must see it: `record` a native `Tracked`, `cached` an exact int in
-    /// i64 and no observer to tell what the admission charged (false, with nothing
-    /// done, otherwise). As `Requests.admit`: `cached` clamped to [0, prompt_len],
-    /// the core's head popped (it must be `record`'s request), the admission
-    /// counted and the tokens it owes charged.
-    fn admit(
-        &self,
-        py: Python<'_>,
-        record: &Bound<'_, PyAny>,
-        cached: &Bound<'_, PyAny>,
-    ) -> Result<bool> {
-        let Ok(t) = record.cast::<PyTracked>() else {
-            return Ok(false);
-        };
-        if self.table.as_ref().is_none_or(|table| table.observed(py)) {
-            return Ok(false);
-        }
-        let Some(cached) = exact_i64(cached) else {
-            return Ok(false);
-        };
-        let t = t.get();
-        let cached = cached.max(0).min(t.prompt_len); // (min(max()): never a panic)
-        let core = self.core.get();
-        let rid = core.pop_head(py, cached)?;
-        if rid != Some(t.rid) {
-            // (a bug in the shell, never the engine's input)
-            let rid = rid.map_or_else(|| "None".to_string(), |r| r.to_string());
-            return Err(PyRuntimeError::new_err(format!(
-                "VTC core admitted {rid}, the engine admitted {}",
-                t.rid
-            ))
-            .into());
-        }
-        t.admissions.fetch_add(1, Relaxed);
-        let owed = t.owed.swap(0, Relaxed);
-        if owed != 0 {
-            core.decode_one(py, t.rid, owed)?;
-        }
-        Ok(true)
-    }
-
-    /// `requests.submit(key, request, tenant, n, priority)` natively, when nothing
-    /// but the table and the core must see it and nothing needs converting: the
-    /// key and the tenant exact `str`s, `n` an exact int in [1, M], `priority` an
-    /// exact int in i64, the id `key_id(key)` free, no observer to tell of the
-    /// arrival (false, with nothing done, otherwise). As `Requests.submit`: the
-    /// request submitted in band `priority` under its key's id, its record made
-    /// and kept under both.
-    fn submit(
-        &self,
-        py: Python<'_>,
-        key: &Bound<'_, PyAny>,
-        request: &Bound<'_, PyAny>,
-        tenant: &Bound<'_, PyAny>,
-        n: &Bound<'_, PyAny>,
-        priority: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        let Some(table) = self.table.as_ref().filter(|t| !t.observed(py)) else {
-            return Ok(false);
-        };
-        let (Ok(_), Ok(tenant), Some(n), Some(priority)) = (
-            key.cast_exact::<PyString>(),
-            tenant.cast_exact::<PyString>(),
-            exact_i64(n),
-            exact_i64(priority),
-        ) else {
-            return Ok(false);
-        };
-        if !(1..=table.budget).contains(&n) {
-            return Ok(false);
-        }
-        let rid = key.hash()? as u64; // (key_id)
-        let records = self.records.bind(py);
-        if records.contains(rid)? {
-            return Ok(false); // (taken by a live request: the next free id is Python's)
-        }
-        self.core.get().submit_str(py, rid, tenant, n, priority)?;
-        let t = PyTracked::new(
-            key.clone().unbind(),
-            rid,
-            request.clone().unbind(),
-            tenant.clone().unbind(),
-            n,
-            0,
-            0,
-            0,
-        );
-        let t = Bound::new(py, t)?;
-        table.by_key.bind(py).set_item(key, &t)?;
-        records.set_item(rid, t)?;
-        Ok(true)
-    }
-
-    /// `record_outputs(outputs, finished, running, tokens)`, with `each`: the
-    /// number of tokens each of the `tokens` lists is known to hold without
-    /// reading them (`one_token_each`), if it is.
-    fn record_groups(
-        slf: &Bound<'_, Self>,
-        outputs: &Bound<'_, PyAny>,
-        finished: Option<&Bound<'_, PyAny>>,
-        running: bool,
-        tokens: Option<&Bound<'_, PyAny>>,
-        each: Option<i64>,
-    ) -> PyResult<()> {
-        let py = slf.py();
-        let name = intern!(py, "outputs");
-        // one group per API-server client: one here
-        let mut groups = outputs.try_iter()?;
-        let Some(first) = groups.next() else {
-            return Ok(());
-        };
-        let first = first?.getattr(name)?;
-        let outs = match groups.next() {
-            None => first,
-            Some(second) => {
-                // several: their outputs in one list, group after group
-                let all = PyList::empty(py);
-                let rest = std::iter::once(second).chain(groups);
-                for group in std::iter::once(Ok(first)).chain(rest.map(|g| g?.getattr(name))) {
-                    for out in group?.try_iter()? {
-                        all.append(out?)?;
-                    }
-                }
-                all.into_any()
-            }
-        };
-        if !outs.is_truthy()? {
-            return Ok(());
-        }
-        slf.get().charge(py, &outs, running, tokens, each)?;
-        let finished = match finished {
-            Some(f) if !f.is_none() => f.clone(),
-            _ => {
-                // the outputs that say they finished
-                let ids = PyList::empty(py);
-                for out in outs.try_iter()? {
-                    let out = out?;
-                    if !out.getattr(intern!(py, "finish_reason"))?.is_none() {
-                        ids.append(out.getattr(intern!(py, "request_id"))?)?;
-                    }
-                }
-                ids.into_any()
-            }
-        };
-        if finished.is_truthy()? {
-            if Self::runs_own(slf, &RELEASE_FINISHED)? {
-                Self::release_finished(slf, &finished)?;
-            } else {
-                slf.call_method1(RELEASE_FINISHED.name.get(py), (finished,))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Charge a step's outputs `outs` as `Requests.charge_outputs(outs,
-    /// running=running, tokens=tokens)` does. Its common step natively: every
-    /// output from a distinct running request (`running`), each of the step's token
-    /// lists `tokens` of one length, one per output, and no observer to tell;
-    /// `decode_uniform` then charges it (the core counts a uniform decode), or
-    /// `decode_counted` with no list read when each is known to hold `each`
-    /// tokens. Any other
-    /// step is `charge_outputs`' own, told what this call already learnt (lists
-    /// not of one length: it need not read them again).
-    fn charge(
-        &self,
-        py: Python<'_>,
-        outs: &Bound<'_, PyAny>,
-        running: bool,
-        tokens: Option<&Bound<'_, PyAny>>,
-        each: Option<i64>,
-    ) -> PyResult<()> {
-        let requests = self.requests.bind(py);
-        let charge_outputs = intern!(py, "charge_outputs");
-        let lists = match tokens {
-            Some(t) if running => t.cast_exact::<PyList>().ok(),
-            _ => None,
-        };
-        if let Some(lists) = lists {
-            if lists.len() == outs.len()?
-                && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
-            {
-                let core = self.core.get();
-                // known to be `each` tokens a list: not read (refused: as below)
-                if let Some(t) = each {
-                    if let Ok(true) = core.decode_counted(py, lists.len(), t) {
-                        return Ok(());
-                    }
-                }
-                return match core.decode_uniform(py, lists.as_any(), None) {
-                    Ok(true) => Ok(()),
-                    // not uniform: read by id (what charge_outputs does next)
-                    Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
-                    // refused: charge_outputs' own fallback, after the same refusal
-                    Err(_) => {
-                        let kwargs = PyDict::new(py);
-                        kwargs.set_item(intern!(py, "running"), true)?;
-                        kwargs.set_item(intern!(py, "tokens"), lists)?;
-                        requests
-                            .call_method(charge_outputs, (outs,), Some(&kwargs))
-                            .map(drop)
-                    }
-                };
-            }
-        }
-        let kwargs = PyDict::new(py);
-        kwargs.set_item(intern!(py, "running"), running)?;
-        kwargs.set_item(intern!(py, "tokens"), tokens)?;
-        requests
-            .call_method(charge_outputs, (outs,), Some(&kwargs))
-            .map(drop)
     }
 }
 

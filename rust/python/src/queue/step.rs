@@ -1,0 +1,171 @@
+//! A step's charge: the step `scheduled` kept for `record_step` (`Kept`), whether
+//! vLLM gave each request one token (`one_token_each`), and the charge of its
+//! outputs (`record_groups`, `charge`).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::{exact_i64, PyWaitingQueue, RELEASE_FINISHED};
+
+/// A step `scheduled` kept for `record_step`.
+pub(super) struct Kept {
+    /// The engine's output of the step (`record_step` is told the same object).
+    pub(super) output: Py<PyAny>,
+    /// The core's `state_version` then: unchanged at `record_step`, every output
+    /// is from a distinct request running in the core.
+    pub(super) version: u64,
+    /// The engine's `prefilling` set was empty after the step's chunks were
+    /// counted: no request of the step is in a prefill chunk that samples nothing.
+    pub(super) decodes_only: bool,
+}
+
+/*
+ * one_token_each: whether vLLM's step `output` gave each scheduled request one
+ * token and no draft tokens: `total_num_scheduled_tokens ==
+ * len(num_scheduled_tokens)` (each request scheduled at least one) and
+ * `scheduled_spec_decode_tokens` empty. With no request in a prefill chunk that
+ * does not finish its prompt (`Kept::decodes_only`), each then samples exactly
+ * one token: vLLM's runner clears the list of a request whose computed tokens
+ * stay below its tokens (a prefill chunk), and samples one token for every
+ * other without drafts. Anything unreadable: false (the lists are read).
+ */
+pub(super) fn one_token_each(output: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = output.py();
+    let total = output.getattr_opt(intern!(py, "total_num_scheduled_tokens"))?;
+    let Some(total) = total.and_then(|t| exact_i64(&t)) else {
+        return Ok(false);
+    };
+    let scheduled = output.getattr_opt(intern!(py, "num_scheduled_tokens"))?;
+    let Some(scheduled) = scheduled.and_then(|d| d.cast_into_exact::<PyDict>().ok()) else {
+        return Ok(false);
+    };
+    if usize::try_from(total) != Ok(scheduled.len()) {
+        return Ok(false);
+    }
+    match output.getattr_opt(intern!(py, "scheduled_spec_decode_tokens"))? {
+        Some(drafts) => Ok(drafts.cast_exact::<PyDict>().is_ok_and(|d| d.is_empty())),
+        None => Ok(false),
+    }
+}
+
+impl PyWaitingQueue {
+    /// `record_outputs(outputs, finished, running, tokens)`, with `each`: the
+    /// number of tokens each of the `tokens` lists is known to hold without
+    /// reading them (`one_token_each`), if it is.
+    pub(super) fn record_groups(
+        slf: &Bound<'_, Self>,
+        outputs: &Bound<'_, PyAny>,
+        finished: Option<&Bound<'_, PyAny>>,
+        running: bool,
+        tokens: Option<&Bound<'_, PyAny>>,
+        each: Option<i64>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let name = intern!(py, "outputs");
+        // one group per API-server client: one here
+        let mut groups = outputs.try_iter()?;
+        let Some(first) = groups.next() else {
+            return Ok(());
+        };
+        let first = first?.getattr(name)?;
+        let outs = match groups.next() {
+            None => first,
+            Some(second) => {
+                // several: their outputs in one list, group after group
+                let all = PyList::empty(py);
+                let rest = std::iter::once(second).chain(groups);
+                for group in std::iter::once(Ok(first)).chain(rest.map(|g| g?.getattr(name))) {
+                    for out in group?.try_iter()? {
+                        all.append(out?)?;
+                    }
+                }
+                all.into_any()
+            }
+        };
+        if !outs.is_truthy()? {
+            return Ok(());
+        }
+        slf.get().charge(py, &outs, running, tokens, each)?;
+        let finished = match finished {
+            Some(f) if !f.is_none() => f.clone(),
+            _ => {
+                // the outputs that say they finished
+                let ids = PyList::empty(py);
+                for out in outs.try_iter()? {
+                    let out = out?;
+                    if !out.getattr(intern!(py, "finish_reason"))?.is_none() {
+                        ids.append(out.getattr(intern!(py, "request_id"))?)?;
+                    }
+                }
+                ids.into_any()
+            }
+        };
+        if finished.is_truthy()? {
+            if Self::runs_own(slf, &RELEASE_FINISHED)? {
+                Self::release_finished(slf, &finished)?;
+            } else {
+                slf.call_method1(RELEASE_FINISHED.name.get(py), (finished,))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Charge a step's outputs `outs` as `Requests.charge_outputs(outs,
+    /// running=running, tokens=tokens)` does. Its common step natively: every
+    /// output from a distinct running request (`running`), each of the step's token
+    /// lists `tokens` of one length, one per output, and no observer to tell;
+    /// `decode_uniform` then charges it (the core counts a uniform decode), or
+    /// `decode_counted` with no list read when each is known to hold `each`
+    /// tokens. Any other
+    /// step is `charge_outputs`' own, told what this call already learnt (lists
+    /// not of one length: it need not read them again).
+    pub(super) fn charge(
+        &self,
+        py: Python<'_>,
+        outs: &Bound<'_, PyAny>,
+        running: bool,
+        tokens: Option<&Bound<'_, PyAny>>,
+        each: Option<i64>,
+    ) -> PyResult<()> {
+        let requests = self.requests.bind(py);
+        let charge_outputs = intern!(py, "charge_outputs");
+        let lists = match tokens {
+            Some(t) if running => t.cast_exact::<PyList>().ok(),
+            _ => None,
+        };
+        if let Some(lists) = lists {
+            if lists.len() == outs.len()?
+                && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
+            {
+                let core = self.core.get();
+                // known to be `each` tokens a list: not read (refused: as below)
+                if let Some(t) = each {
+                    if let Ok(true) = core.decode_counted(py, lists.len(), t) {
+                        return Ok(());
+                    }
+                }
+                return match core.decode_uniform(py, lists.as_any(), None) {
+                    Ok(true) => Ok(()),
+                    // not uniform: read by id (what charge_outputs does next)
+                    Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
+                    // refused: charge_outputs' own fallback, after the same refusal
+                    Err(_) => {
+                        let kwargs = PyDict::new(py);
+                        kwargs.set_item(intern!(py, "running"), true)?;
+                        kwargs.set_item(intern!(py, "tokens"), lists)?;
+                        requests
+                            .call_method(charge_outputs, (outs,), Some(&kwargs))
+                            .map(drop)
+                    }
+                };
+            }
+        }
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(intern!(py, "running"), running)?;
+        kwargs.set_item(intern!(py, "tokens"), tokens)?;
+        requests
+            .call_method(charge_outputs, (outs,), Some(&kwargs))
+            .map(drop)
+    }
+}
