@@ -130,6 +130,15 @@ impl PyWaitingQueue {
     ) -> PyResult<()> {
         let requests = self.requests.bind(py);
         let charge_outputs = intern!(py, "charge_outputs");
+        // `requests.charge_outputs(outs, running=running, tokens=tokens)`
+        let by_outputs = |running: bool, tokens: Option<&Bound<'_, PyAny>>| {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "running"), running)?;
+            kwargs.set_item(intern!(py, "tokens"), tokens)?;
+            requests
+                .call_method(charge_outputs, (outs,), Some(&kwargs))
+                .map(drop)
+        };
         let lists = match tokens {
             Some(t) if running => t.cast_exact::<PyList>().ok(),
             _ => None,
@@ -150,22 +159,10 @@ impl PyWaitingQueue {
                     // not uniform: read by id (what charge_outputs does next)
                     Ok(false) => requests.call_method1(charge_outputs, (outs,)).map(drop),
                     // refused: charge_outputs' own fallback, after the same refusal
-                    Err(_) => {
-                        let kwargs = PyDict::new(py);
-                        kwargs.set_item(intern!(py, "running"), true)?;
-                        kwargs.set_item(intern!(py, "tokens"), lists)?;
-                        requests
-                            .call_method(charge_outputs, (outs,), Some(&kwargs))
-                            .map(drop)
-                    }
+                    Err(_) => by_outputs(true, Some(lists.as_any())),
                 };
             }
         }
-        let kwargs = PyDict::new(py);
-        kwargs.set_item(intern!(py, "running"), running)?;
-        kwargs.set_item(intern!(py, "tokens"), tokens)?;
-        requests
-            .call_method(charge_outputs, (outs,), Some(&kwargs))
-            .map(drop)
+        by_outputs(running, tokens)
     }
 }
