@@ -383,10 +383,10 @@ class WaitingQueue:
         ``tokens``, for a running step, ``model_runner_output.sampled_token_ids``
         if it is a non-empty list whose first item is a list (else None). The
         lists are known to hold one token each, and are not read, when the kept
-        step found ``prefilling`` empty and ``scheduler_output`` gave one token to
-        each request (``total_num_scheduled_tokens == len(num_scheduled_tokens)``)
-        and no draft tokens (``scheduled_spec_decode_tokens`` an empty dict): as
-        many lists as outputs as running requests are then charged one token each
+        step found ``prefilling`` empty (no request in a chunk that leaves its
+        prompt unfinished: each samples a token) and ``scheduler_output`` has no
+        draft tokens (``scheduled_spec_decode_tokens`` an empty dict): as many
+        lists as outputs as running requests are then charged one token each
         (``decode_all(1)``)."""
     def record_outputs(
         self,

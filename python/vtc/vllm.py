@@ -317,12 +317,13 @@ class _VTCMixin:
         does every output. Otherwise (a request scheduled without an output, a
         runner without lists) the outputs are read as before.
 
-        Nor need the lists be read when vLLM gave each scheduled request one
-        token with no draft tokens and no request is still prefilling after the
-        step (vLLM's own set of them, :func:`prefilling_set`, empty when the step
-        was scheduled): each list then holds one token (the runner empties only
-        a prefill chunk's), so the step is charged as uniform from the lists'
-        count alone (bench/README.md, 48)."""
+        Nor need the lists be read when the step has no draft tokens and no
+        request is still prefilling after it (vLLM's own set of them,
+        :func:`prefilling_set`, empty when the step was scheduled): each
+        request then samples one token (a decode, or a chunk that finishes its
+        prompt; the runner empties only an unfinished chunk's list), so the
+        step is charged as uniform from the lists' count alone
+        (bench/README.md, 48)."""
         waiting = self.waiting
         if waiting._pending is not None:  # (settle's own test, without a call)
             waiting.settle()
@@ -360,8 +361,8 @@ class _VTCMixin:
 
 def prefilling_set(scheduler: Any) -> set[Request] | None:
     """vLLM's set of the requests still prefilling after their last chunk
-    (``Scheduler._inflight_prefills``), for the queue to know a step of one token
-    to each request samples one token each without reading the runner's lists
+    (``Scheduler._inflight_prefills``), for the queue to know that each request
+    of a step without drafts samples one token, without reading the runner's lists
     (:meth:`_VTCMixin.update_from_output`); None where it cannot say so.
 
     vLLM adds a request when it admits it with a chunk that leaves its prompt (or

@@ -616,10 +616,11 @@ def test_record_outputs_fast_and_slow_paths_charge_the_same() -> None:
 
 def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None:
     """With the engine's set of prefilling requests empty when the step was
-    scheduled, a step that gave each running request one token and no drafts is
-    charged one token each from the lists' count alone: lists that say otherwise
-    are not read. A request in the set, a draft, or a step of more tokens than
-    requests has its lists read; a set that is not a set is refused."""
+    scheduled, each request of a step without drafts decodes or finishes its
+    prompt, whatever its scheduled tokens, and samples one token: the step is
+    charged one token each from the lists' count alone, and lists that say
+    otherwise are not read. With a request in the set, or a draft, the lists are
+    read; a set that is not a set is refused."""
     from types import SimpleNamespace
 
     core = vtc.Scheduler(M=10_000)
@@ -636,7 +637,8 @@ def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None
 
     def step(tokens, *, total=2, drafts=None, chunk=()):
         """One step: scheduled with ``total`` tokens, ``drafts``, ``chunk`` still
-        prefilling; the runner's ``tokens`` a request; each one's service gained."""
+        prefilling after it; the runner's ``tokens`` a request; each one's tokens
+        charged."""
         before = {t: core.service(t) for t in "ab"}
         output = SimpleNamespace(
             num_scheduled_tokens=dict.fromkeys(ids, 1),
@@ -659,8 +661,8 @@ def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None
     assert step([1, 2]) == {"a": 1, "b": 1}  # (lists not read: one token each)
     assert step([1, 2], chunk=[b]) == {"a": 1, "b": 2}  # read: a request prefilling
     assert step([1, 2], drafts={b.request_id: [7]}) == {"a": 1, "b": 2}  # read: drafts
-    assert step([1, 2], total=3) == {"a": 1, "b": 2}  # read: more tokens than requests
-    assert step([2, 2], total=3) == {"a": 2, "b": 2}  # read, uniform
+    assert step([1, 2], total=9) == {"a": 1, "b": 1}  # (a prompt finished: one token)
+    assert step([2, 2], drafts=dict.fromkeys(ids, [7])) == {"a": 2, "b": 2}  # read, uniform
     with pytest.raises(TypeError, match="prefilling must be a set"):
         VTCRequestQueue(core, str, None, [])
 
@@ -759,13 +761,14 @@ def test_uniform_steps_charge_as_reading_every_id(model_dir: str) -> None:
 
 
 def test_a_one_token_prefill_chunk_keeps_the_step_from_the_uniform_charge(model_dir: str) -> None:
-    """A step that gives each request one token and no drafts is one token each
-    only if no request is in a prefill chunk that leaves its prompt unfinished
-    (vLLM's runner samples nothing for it). With a budget of one token more than
-    the decoding requests take, each arriving long prompt is prefilled one token
-    a step beside them: those steps are read by id, the steps in between charged
-    as uniform without reading the runner's lists, and every tenant's counter
-    and service is the by-id scheduler's, bit for bit, after every step."""
+    """A step without drafts is one token each only if no request is in a
+    prefill chunk that leaves its prompt unfinished (vLLM's runner samples
+    nothing for it), even when it gave each request one token. With a budget of
+    one token more than the decoding requests take, each arriving long prompt is
+    prefilled one token a step beside them: those steps are read by id, the
+    steps in between charged as uniform without reading the runner's lists, and
+    every tenant's counter and service is the by-id scheduler's, bit for bit,
+    after every step."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     config = vllm_config(model_dir, max_num_seqs=4, max_num_batched_tokens=4)
@@ -781,7 +784,7 @@ def test_a_one_token_prefill_chunk_keeps_the_step_from_the_uniform_charge(model_
 
     for i, tenant in enumerate("abc"):  # decoding throughout
         arrive(tenant, 1, 120, f"d{i}")
-    kinds = dict.fromkeys(("chunk of one", "chunk of one, uniform", "decodes", "uniform"), 0)
+    kinds = dict.fromkeys(("chunk of one", "chunk, uniform", "decodes", "uniform"), 0)
     long_prompts = 0
     for n in range(110):
         if n % 20 == 0 and long_prompts < 4:  # prefilled one token a step
@@ -805,16 +808,16 @@ def test_a_one_token_prefill_chunk_keeps_the_step_from_the_uniform_charge(model_
         assert fast.tenant_counters() == slow.tenant_counters(), n
         assert fast.tenant_services() == slow.tenant_services(), n
         uniform = fast.waiting.requests.uniform_steps > before
-        if chunk and one_each:
-            kinds["chunk of one"] += 1
-            kinds["chunk of one, uniform"] += uniform
-        elif one_each:
+        if chunk:
+            kinds["chunk of one"] += one_each
+            kinds["chunk, uniform"] += uniform
+        else:
             kinds["decodes"] += 1
             kinds["uniform"] += uniform
     assert slow.waiting.requests.uniform_steps == 0
     # each long prompt was prefilled one token a step beside three decodes, and
     # the steps of one token each with no prefill were charged as uniform
-    assert kinds["chunk of one"] >= 4 * 10 and not kinds["chunk of one, uniform"], kinds
+    assert kinds["chunk of one"] >= 4 * 10 and not kinds["chunk, uniform"], kinds
     assert kinds["uniform"] == kinds["decodes"] >= 40, kinds
     assert fast.tenant_services()["p"] == slow.tenant_services()["p"] > 0
 

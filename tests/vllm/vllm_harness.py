@@ -187,13 +187,19 @@ def model_output(
     scheduler: Scheduler, output: SchedulerOutput, tokens_per_step: int = 1
 ) -> ModelRunnerOutput:
     """What a model runner returns: ``tokens_per_step`` tokens for every request whose
-    prompt is done (several model speculative decoding), nothing for a prefill chunk."""
+    prompt is done, nothing for a prefill chunk. Several model speculative decoding:
+    ``output`` is then marked as vLLM marks such a step, each such request given
+    ``tokens_per_step - 1`` draft tokens (all accepted), and the scheduler, which
+    has no drafter, keeps no statistics of them."""
     req_ids = list(output.num_scheduled_tokens)
     sampled = []
     for req_id in req_ids:
         # vLLM marks a request whose prompt is not all computed yet as a prefill chunk.
         done = not scheduler.requests[req_id].is_prefill_chunk
         sampled.append([TOKEN] * tokens_per_step if done else [])
+        if done and tokens_per_step > 1:
+            output.scheduled_spec_decode_tokens[req_id] = [TOKEN] * (tokens_per_step - 1)
+            scheduler.make_spec_decoding_stats = lambda stats, *args, **kwargs: stats
     return ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={r: i for i, r in enumerate(req_ids)},

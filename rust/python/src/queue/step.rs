@@ -1,12 +1,12 @@
 //! A step's charge: the step `scheduled` kept for `record_step` (`Kept`), whether
-//! vLLM gave each request one token (`one_token_each`), and the charge of its
-//! outputs (`record_groups`, `charge`).
+//! each of its requests samples one token (`one_token_each`), and the charge of
+//! its outputs (`record_groups`, `charge`).
 
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::{exact_i64, PyWaitingQueue, RELEASE_FINISHED};
+use super::{PyWaitingQueue, RELEASE_FINISHED};
 
 /// A step `scheduled` kept for `record_step`.
 pub(super) struct Kept {
@@ -21,28 +21,16 @@ pub(super) struct Kept {
 }
 
 /*
- * one_token_each: whether vLLM's step `output` gave each scheduled request one
- * token and no draft tokens: `total_num_scheduled_tokens ==
- * len(num_scheduled_tokens)` (each request scheduled at least one) and
- * `scheduled_spec_decode_tokens` empty. With no request in a prefill chunk that
- * does not finish its prompt (`Kept::decodes_only`), each then samples exactly
- * one token: vLLM's runner clears the list of a request whose computed tokens
- * stay below its tokens (a prefill chunk), and samples one token for every
- * other without drafts. Anything unreadable: false (the lists are read).
+ * one_token_each: whether each request of vLLM's step `output` samples one
+ * token, given that none of them is in a prefill chunk that leaves its prompt
+ * unfinished (`Kept::decodes_only`): its `scheduled_spec_decode_tokens` is an
+ * empty dict (no drafts). vLLM's runner empties the list of a request whose
+ * computed tokens stay below its tokens (a prefill chunk) and, without drafts,
+ * samples one token for every other: a decode, or a chunk of any length that
+ * finishes a prompt. Anything unreadable: false (the lists are read).
  */
 pub(super) fn one_token_each(output: &Bound<'_, PyAny>) -> PyResult<bool> {
     let py = output.py();
-    let total = output.getattr_opt(intern!(py, "total_num_scheduled_tokens"))?;
-    let Some(total) = total.and_then(|t| exact_i64(&t)) else {
-        return Ok(false);
-    };
-    let scheduled = output.getattr_opt(intern!(py, "num_scheduled_tokens"))?;
-    let Some(scheduled) = scheduled.and_then(|d| d.cast_into_exact::<PyDict>().ok()) else {
-        return Ok(false);
-    };
-    if usize::try_from(total) != Ok(scheduled.len()) {
-        return Ok(false);
-    }
     match output.getattr_opt(intern!(py, "scheduled_spec_decode_tokens"))? {
         Some(drafts) => Ok(drafts.cast_exact::<PyDict>().is_ok_and(|d| d.is_empty())),
         None => Ok(false),
