@@ -322,12 +322,11 @@ impl PyWaitingQueue {
                 }
             }
         }
-        let each =
-            (tokens.is_some() && decodes_only && one_token_each(scheduler_output)?).then_some(1);
+        let one_each = tokens.is_some() && decodes_only && one_token_each(scheduler_output)?;
         let groups = outputs.call_method0(intern!(py, "values"))?;
         if Self::runs_own(slf, &RECORD_OUTPUTS)? {
             let tokens = tokens.as_ref();
-            return Self::record_groups(slf, &groups, finished, running, tokens, each);
+            return Self::record_groups(slf, &groups, finished, running, tokens, one_each);
         }
         let name = RECORD_OUTPUTS.name.get(py);
         slf.call_method1(name, (groups, finished, running, tokens))?;
@@ -544,7 +543,7 @@ impl PyWaitingQueue {
         running: bool,
         tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        Self::record_groups(slf, outputs, finished, running, tokens, None)
+        Self::record_groups(slf, outputs, finished, running, tokens, false)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {

@@ -38,16 +38,16 @@ pub(super) fn one_token_each(output: &Bound<'_, PyAny>) -> PyResult<bool> {
 }
 
 impl PyWaitingQueue {
-    /// `record_outputs(outputs, finished, running, tokens)`, with `each`: the
-    /// number of tokens each of the `tokens` lists is known to hold without
-    /// reading them (`one_token_each`), if it is.
+    /// `record_outputs(outputs, finished, running, tokens)`, with `one_each`:
+    /// each of the `tokens` lists is known to hold one token without reading
+    /// them (`one_token_each`).
     pub(super) fn record_groups(
         slf: &Bound<'_, Self>,
         outputs: &Bound<'_, PyAny>,
         finished: Option<&Bound<'_, PyAny>>,
         running: bool,
         tokens: Option<&Bound<'_, PyAny>>,
-        each: Option<i64>,
+        one_each: bool,
     ) -> PyResult<()> {
         let py = slf.py();
         let name = intern!(py, "outputs");
@@ -74,7 +74,7 @@ impl PyWaitingQueue {
         if !outs.is_truthy()? {
             return Ok(());
         }
-        slf.get().charge(py, &outs, running, tokens, each)?;
+        slf.get().charge(py, &outs, running, tokens, one_each)?;
         let finished = match finished {
             Some(f) if !f.is_none() => f.clone(),
             _ => {
@@ -104,17 +104,17 @@ impl PyWaitingQueue {
     /// output from a distinct running request (`running`), each of the step's token
     /// lists `tokens` of one length, one per output, and no observer to tell;
     /// `decode_uniform` then charges it (the core counts a uniform decode), or
-    /// `decode_counted` with no list read when each is known to hold `each`
-    /// tokens. Any other
-    /// step is `charge_outputs`' own, told what this call already learnt (lists
-    /// not of one length: it need not read them again).
+    /// `decode_counted` with no list read when each is known to hold one token
+    /// (`one_each`). Any other step is `charge_outputs`' own, told what this call
+    /// already learnt (lists not of one length: it need not read them again; a
+    /// refused charge: it meets the same refusal and reads the step by id).
     pub(super) fn charge(
         &self,
         py: Python<'_>,
         outs: &Bound<'_, PyAny>,
         running: bool,
         tokens: Option<&Bound<'_, PyAny>>,
-        each: Option<i64>,
+        one_each: bool,
     ) -> PyResult<()> {
         let requests = self.requests.bind(py);
         let charge_outputs = intern!(py, "charge_outputs");
@@ -136,10 +136,14 @@ impl PyWaitingQueue {
                 && !requests.getattr(intern!(py, "observers"))?.is_truthy()?
             {
                 let core = self.core.get();
-                // known to be `each` tokens a list: not read (refused: as below)
-                if let Some(t) = each {
-                    if let Ok(true) = core.decode_counted(py, lists.len(), t) {
-                        return Ok(());
+                // known to be one token a list: not read
+                if one_each {
+                    match core.decode_counted(py, lists.len(), 1) {
+                        Ok(true) => return Ok(()),
+                        // not as many as run: read them below
+                        Ok(false) => {}
+                        // refused: as below, without reading the lists first
+                        Err(_) => return by_outputs(true, Some(lists.as_any())),
                     }
                 }
                 return match core.decode_uniform(py, lists.as_any(), None) {
