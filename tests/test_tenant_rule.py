@@ -174,3 +174,55 @@ def test_the_rule_is_tenancy_arrive_of_the_fields(arrivals, forget_every, max_te
                     break
                 core.finish(admitted)
         assert sorted(map(str, a_core.clients())) == sorted(map(str, b_core.clients()))
+
+
+def arriving(rid: int, req: SimpleNamespace) -> SimpleNamespace:
+    """``req`` (the rule's two fields) as a vLLM request arriving at the queue."""
+    req.request_id, req.num_prompt_tokens, req.priority = f"r{rid}", 10, 0
+    return req
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.one_of(requests, st.just(SimpleNamespace(lora_request=None))), max_size=30
+    ),
+    forget_every=st.integers(1, 4),
+)
+def test_the_queue_names_an_arrival_as_the_rule_called_from_python(arrivals, forget_every):
+    """The vLLM queue given the rule (``WaitingQueue(tenant_of=rule)``) names each
+    arrival's tenant with the rule's own code, called directly (A), as the rule called
+    from Python before the same submit (B): the same tenants, errors (a request whose
+    fields raise is neither counted nor submitted), counts and cores."""
+    from vtc._core import WaitingQueue
+
+    sides = []
+    for _ in range(2):
+        ad = vtc.adapter.Adapter(
+            vtc.Scheduler(M=10_000), EngineConfig(tenant_key=KEY), forget_every=forget_every
+        )
+        sides.append(
+            (ad, WaitingQueue(ad.requests, "RUNNING", "WAITING", tenant_of=ad.tenancy.rule))
+        )
+    (a, queue), (b, _) = sides
+    for rid, req in enumerate(arrivals):
+        req = arriving(rid, req)
+        got = []
+        for add in (
+            queue.add_request,
+            lambda r: b.requests.submit(
+                r.request_id, r, b.tenancy.rule(r), r.num_prompt_tokens, r.priority
+            ),
+        ):
+            try:
+                add(req)
+            except Exception as e:  # noqa: BLE001 - compared below
+                got.append((type(e), str(e)))
+            else:
+                got.append(None)
+        assert got[0] == got[1]
+        assert a.tenancy.rule.arrivals == b.tenancy.rule.arrivals
+        assert a.tenancy._known == b.tenancy._known
+    assert [(t.key, t.tenant) for t in a.requests] == [(t.key, t.tenant) for t in b.requests]
+    assert a.core.counters() == b.core.counters()
+    assert a.core.active_clients() == b.core.active_clients()

@@ -105,6 +105,54 @@ impl PyTenantRule {
         }
         Ok(lora.getattr_opt(intern!(py, "lora_name"))?)
     }
+
+    /// The tenant of an arriving vLLM request, counted as an arrival once its fields
+    /// are read: when no forget is due and its first field that names a tenant is
+    /// a plain `str` of a known tenant, that `str`; otherwise `slow(due, (extra,
+    /// lora))`'s answer. (Between the count's read and its increment only the
+    /// request's `lora_request` may be read: an arrival counted meanwhile by another
+    /// thread could shift one `forget_idle` by an arrival, or skip it until the next
+    /// `forget_every` or the cap; no count is lost.)
+    pub(crate) fn name_tenant<'py>(
+        &self,
+        request: &Bound<'py, PyAny>,
+    ) -> Result<Bound<'py, PyAny>> {
+        let py = request.py();
+        let extra = self.extra_field(request)?;
+        let mut lora = None; // (Some once read)
+        let found = match self.read(extra.as_ref())? {
+            Field::Name(s) => Some(s),
+            Field::Other => None,
+            Field::Skip => {
+                // (read only when the first names no tenant: first_tenant stops there)
+                let value = Self::lora_field(request)?;
+                let second = self.read(value.as_ref())?;
+                lora = Some(value);
+                match second {
+                    Field::Name(s) => Some(s),
+                    Field::Skip | Field::Other => None,
+                }
+            }
+        };
+        // (counted once the fields are read: a request whose fields raise is no arrival)
+        let due = (self.arrivals.load(Ordering::Relaxed) + 1) % self.forget_every == 0;
+        if let Some(name) = found {
+            if !due && self.known.bind(py).contains(&name)? {
+                self.count();
+                return Ok(name.into_any());
+            }
+        }
+        let lora = match lora {
+            Some(value) => value,
+            None => Self::lora_field(request)?, // (the slow path is given both fields)
+        };
+        self.count();
+        let Some(slow) = &self.slow else {
+            return Err(invalid("the tenant rule was cleared".to_owned()));
+        };
+        let fields = PyTuple::new(py, [or_none(py, extra), or_none(py, lora)])?;
+        Ok(slow.bind(py).call1((due, fields))?)
+    }
 }
 
 fn or_none<'py>(py: Python<'py>, value: Option<Bound<'py, PyAny>>) -> Bound<'py, PyAny> {
@@ -159,49 +207,10 @@ impl PyTenantRule {
         self.count()
     }
 
-    /// The tenant of an arriving vLLM request, counted as an arrival once its fields
-    /// are read: when no forget is due and its first field that names a tenant is
-    /// a plain `str` of a known tenant, that `str`; otherwise `slow(due, (extra,
-    /// lora))`'s answer. (Between the count's read and its increment only the
-    /// request's `lora_request` may be read: an arrival counted meanwhile by another
-    /// thread could shift one `forget_idle` by an arrival, or skip it until the next
-    /// `forget_every` or the cap; no count is lost.)
+    /// `name_tenant(request)`: the rule called from Python (the vLLM queue calls
+    /// `name_tenant` directly when its `tenant_of` is a `TenantRule`).
     fn __call__<'py>(&self, request: &Bound<'py, PyAny>) -> Result<Bound<'py, PyAny>> {
-        let py = request.py();
-        let extra = self.extra_field(request)?;
-        let mut lora = None; // (Some once read)
-        let found = match self.read(extra.as_ref())? {
-            Field::Name(s) => Some(s),
-            Field::Other => None,
-            Field::Skip => {
-                // (read only when the first names no tenant: first_tenant stops there)
-                let value = Self::lora_field(request)?;
-                let second = self.read(value.as_ref())?;
-                lora = Some(value);
-                match second {
-                    Field::Name(s) => Some(s),
-                    Field::Skip | Field::Other => None,
-                }
-            }
-        };
-        // (counted once the fields are read: a request whose fields raise is no arrival)
-        let due = (self.arrivals.load(Ordering::Relaxed) + 1) % self.forget_every == 0;
-        if let Some(name) = found {
-            if !due && self.known.bind(py).contains(&name)? {
-                self.count();
-                return Ok(name.into_any());
-            }
-        }
-        let lora = match lora {
-            Some(value) => value,
-            None => Self::lora_field(request)?, // (the slow path is given both fields)
-        };
-        self.count();
-        let Some(slow) = &self.slow else {
-            return Err(invalid("the tenant rule was cleared".to_owned()));
-        };
-        let fields = PyTuple::new(py, [or_none(py, extra), or_none(py, lora)])?;
-        Ok(slow.bind(py).call1((due, fields))?)
+        self.name_tenant(request)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> std::result::Result<(), PyTraverseError> {

@@ -27,6 +27,7 @@ use pyo3::types::{PyDict, PyFrozenSet, PyInt, PyList, PySet};
 use pyo3::{intern, PyTraverseError};
 
 use crate::errors::Result;
+use crate::tenant::PyTenantRule;
 use crate::tracked::PyTracked;
 use crate::PyScheduler;
 
@@ -419,7 +420,16 @@ impl PyWaitingQueue {
         }
         // vLLM's priority (smaller first; always 0 unless --scheduling-policy
         // priority) is the core's band: strict bands, VTC inside each
-        let tenant = tenant_of.bind(py).call1((request,))?;
+        // (the engine's rule, `vtc._core.TenantRule`, called without Python's call
+        // protocol: no argument tuple, no argument parsing; any other callable called)
+        let tenant_of = tenant_of.bind(py);
+        let tenant = match tenant_of.cast_exact::<PyTenantRule>() {
+            Ok(rule) => rule
+                .try_borrow()
+                .map_err(PyErr::from)?
+                .name_tenant(request)?,
+            Err(_) => tenant_of.call1((request,))?,
+        };
         let n = request.getattr(intern!(py, "num_prompt_tokens"))?;
         let priority = request.getattr(intern!(py, "priority"))?;
         if !this.submit(py, &key, request, &tenant, &n, &priority)? {

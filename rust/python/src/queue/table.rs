@@ -180,7 +180,8 @@ impl PyWaitingQueue {
         }
         let rid = key.hash()? as u64; // (key_id)
         let records = self.records.bind(py);
-        if records.contains(rid)? {
+        let rid_int = rid.into_pyobject(py)?; // (made once: contains, then set_item)
+        if records.contains(&rid_int)? {
             return Ok(false); // (taken by a live request: the next free id is Python's)
         }
         self.core.get().submit_str(py, rid, tenant, n, priority)?;
@@ -196,7 +197,7 @@ impl PyWaitingQueue {
         );
         let t = Bound::new(py, t)?;
         table.by_key.bind(py).set_item(key, &t)?;
-        records.set_item(rid, t)?;
+        records.set_item(rid_int, t)?;
         Ok(true)
     }
 }
