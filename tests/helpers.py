@@ -27,6 +27,16 @@ class Out:
         self.request_id, self.new_token_ids = request_id, [0] * n
 
 
+def raised(call, *args) -> tuple[type, str] | None:
+    """What ``call(*args)`` raised (its type and message), or None: two paths that
+    must behave alike are compared by it, errors included."""
+    try:
+        call(*args)
+    except Exception as e:  # noqa: BLE001 - compared by the caller
+        return type(e), str(e)
+    return None
+
+
 def wait_for(cond, what: str, timeout: float = DEADLINE_S, every: float = 0.01) -> None:
     """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds.
     ``every`` only spaces the polls: this is a wait for a condition."""

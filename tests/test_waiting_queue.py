@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import vtc
+from helpers import raised
 from vtc._core import WaitingQueue
 from vtc.adapter import ASIDE, RUNNING, WAITING, Adapter, Requests, engine_core
 from vtc.config import EngineConfig
@@ -814,15 +815,7 @@ def test_the_native_arrival_submits_as_vllms_did(arrivals, observed) -> None:
     (native, q), (python, _) = tables
     for key, prompt, priority, tenant in arrivals:
         req = Arrival(key, prompt, priority, tenant)
-        got = []
-        for add in (q.add_request, lambda req: reference_add(python, req)):
-            try:
-                add(req)
-            except Exception as e:  # noqa: BLE001 - compared below
-                got.append((type(e), str(e)))
-            else:
-                got.append(None)
-        assert got[0] == got[1]
+        assert raised(q.add_request, req) == raised(reference_add, python, req)
     assert native.changes == python.changes
     assert [(t.key, t.rid, t.request, t.tenant, t.prompt_len) for t in native] == [
         (t.key, t.rid, t.request, t.tenant, t.prompt_len) for t in python
