@@ -620,7 +620,8 @@ def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None
     prompt, whatever its scheduled tokens, and samples one token: the step is
     charged one token each from the lists' count alone, and lists that say
     otherwise are not read. With a request in the set, or a draft, the lists are
-    read; a set that is not a set is refused."""
+    read; with fewer outputs than running requests the step is read by id; a set
+    that is not a set is refused."""
     from types import SimpleNamespace
 
     core = vtc.Scheduler(M=10_000)
@@ -662,6 +663,7 @@ def test_a_step_of_one_token_each_is_charged_without_reading_the_lists() -> None
     assert step([1, 2], chunk=[b]) == {"a": 1, "b": 2}  # read: a request prefilling
     assert step([1, 2], drafts={b.request_id: [7]}) == {"a": 1, "b": 2}  # read: drafts
     assert step([1, 2], total=9) == {"a": 1, "b": 1}  # (a prompt finished: one token)
+    assert step([1]) == {"a": 1, "b": 0}  # one output, two running: read by id
     assert step([2, 2], drafts=dict.fromkeys(ids, [7])) == {"a": 2, "b": 2}  # read, uniform
     with pytest.raises(TypeError, match="prefilling must be a set"):
         VTCRequestQueue(core, str, None, [])

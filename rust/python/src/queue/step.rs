@@ -106,8 +106,9 @@ impl PyWaitingQueue {
     /// `decode_uniform` then charges it (the core counts a uniform decode), or
     /// `decode_counted` with no list read when each is known to hold one token
     /// (`one_each`). Any other step is `charge_outputs`' own, told what this call
-    /// already learnt (lists not of one length: it need not read them again; a
-    /// refused charge: it meets the same refusal and reads the step by id).
+    /// already learnt (lists not of one length, or not as many as the core runs:
+    /// it need not read them again; a refused charge: it meets the same refusal
+    /// and reads the step by id).
     pub(super) fn charge(
         &self,
         py: Python<'_>,
@@ -140,8 +141,11 @@ impl PyWaitingQueue {
                 if one_each {
                     match core.decode_counted(py, lists.len(), 1) {
                         Ok(true) => return Ok(()),
-                        // not as many as run: read them below
-                        Ok(false) => {}
+                        // not as many as run: `decode_uniform` would count the
+                        // same lists and refuse them too, so read by id now
+                        Ok(false) => {
+                            return requests.call_method1(charge_outputs, (outs,)).map(drop)
+                        }
                         // refused: as below, without reading the lists first
                         Err(_) => return by_outputs(true, Some(lists.as_any())),
                     }
