@@ -136,6 +136,87 @@ def test_a_lookup_failing_inside_schedule_loses_no_admitted_request(Sched, bad):
     assert s.schedule() == [2, 3, 4, 5]
 
 
+# A lookup that calls back into its own scheduler, run in a child process: were
+# such a call to wait for the lock its selection holds, it would wait forever.
+_CALLING_BACK = """
+import json, vtc
+back = {
+    "repr": repr,
+    "snapshot": lambda s: s.snapshot(),
+    "counters": lambda s: s.counters(),
+    "num_waiting": lambda s: s.num_waiting,
+    "submit": lambda s: s.submit(9, "c", 5),
+    "peek": lambda s: s.peek(),
+}
+other = vtc.Scheduler(1000, locality_quantum=50)
+other.submit(1, "x", 10)
+other.submit(2, "y", 10)
+other.set_prefix_lookup(lambda rid: 0)
+seen = {}
+for name, call in [*back.items(), ("after another's lookup", lambda s: s.counters())]:
+    s = vtc.Scheduler(1000, locality_quantum=50)
+    s.submit(1, "a", 10)
+    s.submit(2, "b", 10)
+
+    def lookup(rid, s=s, name=name, call=call):
+        if name == "after another's lookup" and not other.num_running:
+            other.schedule()  # another scheduler, free: it runs (and asks its lookup)
+        try:
+            call(s)
+        except RuntimeError as e:
+            seen[name] = str(e)
+        return 0
+
+    s.set_prefix_lookup(lookup)
+    twin = vtc.Scheduler.from_snapshot(s.snapshot())  # (the same state, no requests)
+    twin.submit(1, "a", 10)
+    twin.submit(2, "b", 10)
+    twin.set_prefix_lookup(lambda rid: 0)
+    seen[name + ": admitted"] = s.schedule()
+    seen[name + ": as without the call"] = (
+        twin.schedule() == seen[name + ": admitted"]
+        and (s.counters(), s.services(), s.num_waiting) == (twin.counters(), twin.services(), 0)
+    )
+seen["other admitted"] = other.running()
+print(json.dumps(seen))
+"""
+
+
+def test_a_lookup_calling_back_into_its_scheduler_is_refused_not_deadlocked():
+    """Inside a selection's prefix lookup, every call back into the same
+    scheduler (``repr`` and ``snapshot`` too, which work even on a poisoned
+    one) raises ``RuntimeError`` naming the cause instead of waiting for the
+    lock its own selection holds, and changes nothing; the selection goes on
+    with the lookup's answer. Another scheduler, not locked, can be called,
+    its own lookup included, and the flag survives that nested lookup. (The
+    child process turns a deadlock into a failure here, not a hung suite.)"""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _CALLING_BACK], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a call from a lookup waited for its own selection's lock (deadlock)")
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout)
+    for name in [
+        "repr",
+        "snapshot",
+        "counters",
+        "num_waiting",
+        "submit",
+        "peek",
+        "after another's lookup",
+    ]:
+        assert "prefix lookup called back into a scheduler" in seen[name], name
+        assert seen[name + ": admitted"] == [1, 2], name
+        assert seen[name + ": as without the call"], name
+    assert seen["other admitted"] == [1, 2]
+
+
 # -- the rule ---------------------------------------------------------------
 
 

@@ -616,7 +616,9 @@ class Scheduler:
         lookup's own exception propagates, raised before anything changed, except
         in a ``schedule()`` that has already admitted requests: it returns those,
         and the next selecting call asks again. The lookup must not call back into
-        this scheduler (a ``RuntimeError``: the scheduler is locked meanwhile).
+        this scheduler: any such call, ``repr`` and ``snapshot`` included, raises
+        ``RuntimeError`` (the scheduler is locked meanwhile) instead of waiting for
+        itself. Another scheduler may be called unless it is locked too.
         """
     @property
     def cost(self) -> _Cost:

@@ -156,11 +156,6 @@ impl PyScheduler {
     /// Take the lock (waiting with the GIL released if another thread holds
     /// it), unless an earlier panic poisoned the scheduler.
     fn lock<'a>(&'a self, py: Python<'_>) -> Result<Guard<'a>> {
-        if lookup::in_lookup() {
-            return Err(Error::Py(pyo3::exceptions::PyRuntimeError::new_err(
-                "a prefix lookup called back into a scheduler while a selection was running",
-            )));
-        }
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(Error::Arg(
                 errors::Kind::Internal,
@@ -169,19 +164,35 @@ impl PyScheduler {
                     .into(),
             ));
         }
-        Ok(self.lock_any(py))
+        self.lock_any(py)
     }
 
-    /// The lock even when poisoned: only for `snapshot`, the way out.
-    fn lock_any<'a>(&'a self, py: Python<'_>) -> Guard<'a> {
+    /*
+     * lock_any: the state for one call, even when poisoned (only `snapshot`,
+     * the way out, and `__repr__` take it so).
+     *
+     * A selection holds the lock while it runs the prefix lookup, Python code
+     * that may call back into this scheduler: waiting then would wait for
+     * itself, forever. So a lock found taken while this thread is inside a
+     * lookup (`lookup::in_lookup`) is refused with `RuntimeError` instead (it
+     * may be the lookup's own selection's); a free lock is never this thread's,
+     * so the thread-local flag is read only when the lock is taken.
+     */
+    fn lock_any<'a>(&'a self, py: Python<'_>) -> Result<Guard<'a>> {
         let g = match self.inner.try_lock() {
             Some(g) => g,
+            None if lookup::in_lookup() => {
+                return Err(Error::Py(pyo3::exceptions::PyRuntimeError::new_err(
+                    "a prefix lookup called back into a scheduler while a selection was \
+                     running (the scheduler is locked until the lookup returns)",
+                )))
+            }
             None => py.detach(|| self.inner.lock()),
         };
-        Guard {
+        Ok(Guard {
             g,
             poisoned: &self.poisoned,
-        }
+        })
     }
 }
 
@@ -249,8 +260,8 @@ impl PyScheduler {
         }))
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let g = self.lock_any(py);
+    fn __repr__(&self, py: Python<'_>) -> Result<String> {
+        let g = self.lock_any(py)?;
         let mut out = match g.core.cost() {
             Cost::Linear { wp, wq } => format!(
                 "Scheduler(M={}, wp={wp:?}, wq={wq:?}, policy='{}'",
@@ -277,7 +288,7 @@ impl PyScheduler {
         if g.core.locality_quantum() != 0.0 {
             out += &format!(", locality_quantum={:?}", g.core.locality_quantum());
         }
-        out + ")"
+        Ok(out + ")")
     }
 
     /// The locality window's quantum `Q` (0.0: plain VTC).

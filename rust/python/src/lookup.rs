@@ -19,12 +19,13 @@ use crate::convert::int_arg_sat;
 use crate::errors::{invalid, Error};
 
 thread_local! {
-    /// Set while this thread runs a prefix lookup (see `PyLookup`).
+    /// Set while this thread runs a prefix lookup (see `PyLookup`), so that
+    /// a scheduler found locked then refuses instead of waiting (`lock_any`).
     static IN_LOOKUP: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether this thread is inside a prefix lookup (and so holds a
-/// scheduler's lock: calling into a scheduler again would deadlock).
+/// scheduler's lock: waiting for that lock would deadlock).
 pub(crate) fn in_lookup() -> bool {
     IN_LOOKUP.with(Cell::get)
 }
@@ -51,9 +52,11 @@ impl<'a, 'py> PyLookup<'a, 'py> {
     }
 
     fn call(&self, request_id: u64, footprint: u64) -> crate::errors::Result<u64> {
-        IN_LOOKUP.with(|x| x.set(true));
+        // (restored, not cleared: a lookup may call another scheduler whose
+        // selection runs its own lookup)
+        let outer = IN_LOOKUP.with(|x| x.replace(true));
         let answer = self.f.call1((request_id,));
-        IN_LOOKUP.with(|x| x.set(false));
+        IN_LOOKUP.with(|x| x.set(outer));
         let answer = int_arg_sat("prefix lookup", &answer?)?;
         // the range is the core's to check (InvalidPrefixHit); only an int
         // that a u64 cannot hold is refused here, in the core's words

@@ -178,12 +178,12 @@ impl PyScheduler {
     /// service, weight, refund credit and moving average, the last client
     /// to leave the backlog) as bytes, format version 2. Works
     /// even on a scheduler disabled by an internal error: it is the way out.
-    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+    fn snapshot<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyBytes>> {
         let data = {
-            let g = self.lock_any(py);
+            let g = self.lock_any(py)?;
             g.core.snapshot()
         };
-        PyBytes::new(py, &data)
+        Ok(PyBytes::new(py, &data))
     }
 
     /// A scheduler with the state of `data` and no requests. Each argument
