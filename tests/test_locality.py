@@ -178,6 +178,18 @@ for name, call in [*back.items(), ("after another's lookup", lambda s: s.counter
         and (s.counters(), s.services(), s.num_waiting) == (twin.counters(), twin.services(), 0)
     )
 seen["other admitted"] = other.running()
+
+
+class Dying:  # a lookup whose last reference goes as the scheduler replaces it
+    def __call__(self, rid):
+        return 0
+
+    def __del__(self):
+        seen["replaced lookup's finalizer"] = other.num_running
+
+
+other.set_prefix_lookup(Dying())
+other.set_prefix_lookup(None)
 print(json.dumps(seen))
 """
 
@@ -188,8 +200,10 @@ def test_a_lookup_calling_back_into_its_scheduler_is_refused_not_deadlocked():
     one) raises ``RuntimeError`` naming the cause instead of waiting for the
     lock its own selection holds, and changes nothing; the selection goes on
     with the lookup's answer. Another scheduler, not locked, can be called,
-    its own lookup included, and the flag survives that nested lookup. (The
-    child process turns a deadlock into a failure here, not a hung suite.)"""
+    its own lookup included, and the flag survives that nested lookup. A lookup
+    replaced by ``set_prefix_lookup`` is dropped once the lock is released, so
+    its finalizer may call the scheduler. (The child process turns a deadlock
+    into a failure here, not a hung suite.)"""
     import json
     import subprocess
     import sys
@@ -199,7 +213,7 @@ def test_a_lookup_calling_back_into_its_scheduler_is_refused_not_deadlocked():
             [sys.executable, "-c", _CALLING_BACK], capture_output=True, text=True, timeout=120
         )
     except subprocess.TimeoutExpired:
-        pytest.fail("a call from a lookup waited for its own selection's lock (deadlock)")
+        pytest.fail("a call waited for a lock its own thread held (deadlock)")
     assert child.returncode == 0, child.stderr
     seen = json.loads(child.stdout)
     for name in [
@@ -215,6 +229,7 @@ def test_a_lookup_calling_back_into_its_scheduler_is_refused_not_deadlocked():
         assert seen[name + ": admitted"] == [1, 2], name
         assert seen[name + ": as without the call"], name
     assert seen["other admitted"] == [1, 2]
+    assert seen["replaced lookup's finalizer"] == 2  # (called after the lock was released)
 
 
 # -- the rule ---------------------------------------------------------------

@@ -311,7 +311,10 @@ impl PyScheduler {
                 convert::repr(lookup)
             ))));
         };
-        self.lock(py)?.prefix_lookup = f;
+        // the old lookup dropped after the lock is released: its last reference
+        // may run Python code (a `__del__`) that calls this scheduler
+        let old = std::mem::replace(&mut self.lock(py)?.prefix_lookup, f);
+        drop(old);
         Ok(())
     }
 
